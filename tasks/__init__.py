@@ -1,0 +1,1 @@
+"""Celery tasks that drive durable runs, and the host-side client."""

@@ -1,0 +1,95 @@
+"""`take_turn` on its own: the step the durable worker runs once per task."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relayq import BuiltinsConfig, Request, ToolContext, ToolResult, create_toolkit, define_tool
+from relayq import _transcript as tx
+from relayq._model import as_model
+from relayq.loop import Journal, take_turn
+
+from .scripted import Script, calls, echo_tool_outputs
+
+
+class Ledger(Journal):
+    def __init__(self) -> None:
+        self.replies: list[dict[str, Any]] = []
+        self.outcomes: dict[tuple[int, str, str], ToolResult | Request] = {}
+
+    async def model_replied(self, messages: list[dict[str, Any]]) -> None:
+        self.replies.append(messages[-1])
+
+    async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
+        return self.outcomes.get((at, call_id, attempt))
+
+    async def record(
+        self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
+    ) -> None:
+        self.outcomes[(at, call_id, attempt)] = outcome
+
+
+async def counting_kit(counts: dict[str, int]):
+    def run(args: dict[str, Any], ctx: ToolContext) -> str:
+        counts[ctx.call_id] = counts.get(ctx.call_id, 0) + 1
+        return f"ran {ctx.call_id}"
+
+    return await create_toolkit(
+        builtins=BuiltinsConfig.off(), extra_tools=[define_tool("work", "w", None, run)]
+    )
+
+
+async def test_a_turn_saves_the_model_reply_before_any_tool_runs():
+    counts: dict[str, int] = {}
+    tk = await counting_kit(counts)
+    ledger = Ledger()
+    seen_counts: list[dict[str, int]] = []
+
+    class Spy(Ledger):
+        async def model_replied(self, messages: list[dict[str, Any]]) -> None:
+            seen_counts.append(dict(counts))
+
+    turn = await take_turn(
+        [tx.user_message("go", "run_1")],
+        tk,
+        as_model(Script([calls(("c1", "work"))])),
+        run_id="run_1",
+        journal=Spy(),
+    )
+
+    assert seen_counts == [{}], "the reply was journaled before the tool ran"
+    assert turn.status == "next"
+    assert counts == {"c1": 1}
+    assert ledger.replies == []
+
+
+async def test_a_repeated_turn_replays_the_saved_reply_and_skips_recorded_tools():
+    counts: dict[str, int] = {}
+    tk = await counting_kit(counts)
+    ledger = Ledger()
+    model = Script([calls(("c1", "work"), ("c2", "work"))])
+    # The first try got as far as the model's reply and the first tool's result.
+    saved = [tx.user_message("go", "run_1"), *[]]
+    first = await take_turn(saved, tk, as_model(model), run_id="run_1", journal=ledger)
+    assert counts == {"c1": 1, "c2": 1}
+    del ledger.outcomes[(1, "c2", "")]
+    transcript_after_reply = [*saved, ledger.replies[0]]
+
+    again = await take_turn(
+        transcript_after_reply, tk, as_model(model), run_id="run_1", journal=ledger
+    )
+
+    assert model.calls == 1, "the model was not called again"
+    assert counts == {"c1": 1, "c2": 2}, "only the unrecorded call ran again"
+    assert again.messages == first.messages
+    assert (again.status, again.model_called) == ("next", False)
+
+
+async def test_a_finished_transcript_takes_no_further_turn():
+    model = Script([echo_tool_outputs])
+    tk = await create_toolkit(builtins=BuiltinsConfig.off())
+    done = [tx.user_message("go", "r"), {"role": "assistant", "content": "all done"}]
+
+    turn = await take_turn(done, tk, as_model(model), run_id="r")
+
+    assert (turn.status, turn.text, model.calls) == ("done", "all done", 0)

@@ -1,0 +1,1 @@
+"""The Celery app, its configuration and the process entry points."""
