@@ -17,6 +17,7 @@ from relayq._types import (
     Usage,
     pending,
 )
+from relayq.agents import Agent, AgentError
 from relayq.builtins import BUILTIN_NAMES, BuiltinsConfig
 from relayq.client import InMemoryConversationStore, create_in_process_client
 
@@ -27,11 +28,13 @@ __all__ = [
     "Answer",
     "BuiltinsConfig",
     # Running
+    "Agent",
     "InMemoryConversationStore",
     "InProcessRequest",
     "InProcessResponse",
     "InProcessToolCall",
     # Errors
+    "AgentError",
     "ModelError",
     "RelayqError",
     "Request",

@@ -26,7 +26,7 @@ __all__ = [
     "pending",
 ]
 
-RunStatus = Literal["done", "pending", "incomplete"]
+RunStatus = Literal["done", "pending", "incomplete", "queued", "running", "failed", "cancelled"]
 
 
 def new_id(prefix: str) -> str:
@@ -136,7 +136,8 @@ class RunResult(_Wire):
 
     status: RunStatus
     """`done`: the model gave its final text; `pending`: halted on `pending`;
-    `incomplete`: stopped by `max_turns`."""
+    `incomplete`: stopped by `max_turns`. Durable runs may also be `queued`,
+    `running`, `failed` (see `error`) or `cancelled`."""
     text: str = ""
     """The model's final text (empty unless `done`)."""
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
@@ -149,6 +150,8 @@ class RunResult(_Wire):
     """Model calls since the run's prompt."""
     usage: Usage = Field(default_factory=Usage)
     run_id: str | None = None
+    error: str | None = None
+    """Why a durable run failed."""
 
 
 def pending(

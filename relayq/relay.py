@@ -102,7 +102,7 @@ def answer_declined(request_id: str, reason: str = "declined") -> Answer:
 
 def declined_result(answer: Answer) -> ToolResult:
     reason = answer.reason or "declined"
-    return ToolResult.error(f"declined by the host: {reason}")
+    return ToolResult.error(f"declined: {reason}")
 
 
 def relay_results_of(

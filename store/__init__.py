@@ -1,1 +1,85 @@
-"""Durable state: runs, messages, requests, the tool-call ledger and the outbox (SQLModel)."""
+"""Durable state: runs, messages (one row each), requests, the tool-call ledger, the outbox.
+
+SQLite (WAL) at `.relayq/relayq.db` by default; PostgreSQL via `RELAYQ_DATABASE_URL`.
+Everything here is plain functions over a `Database`; nothing imports Celery.
+"""
+
+from store.answers import (
+    Accepted,
+    StoredRequest,
+    accept_answer,
+    apply_answer_of,
+    cancel_run,
+    expire_requests,
+    get_request,
+    list_requests,
+)
+from store.db import Database, default_database_url
+from store.errors import StaleClaim, UnknownRun
+from store.maintenance import SweepReport, sweep
+from store.migrate import migrate
+from store.models import FINISHED, LedgerRow, MessageRow, OutboxRow, RequestRow, RunRow
+from store.runs import (
+    Claim,
+    cancel_requested,
+    claim_turn,
+    create_run,
+    fail_run,
+    finish_cancelled,
+    finish_turn,
+    get_run,
+    ledger_get,
+    ledger_put,
+    request_of,
+    retry_turn,
+    run_result,
+    save_reply,
+    settled,
+    transcript,
+)
+
+__all__ = [
+    # connecting
+    "Database",
+    "default_database_url",
+    "migrate",
+    # tables
+    "FINISHED",
+    "LedgerRow",
+    "MessageRow",
+    "OutboxRow",
+    "RequestRow",
+    "RunRow",
+    # runs and turns
+    "Claim",
+    "cancel_requested",
+    "claim_turn",
+    "create_run",
+    "fail_run",
+    "finish_cancelled",
+    "finish_turn",
+    "get_run",
+    "ledger_get",
+    "ledger_put",
+    "request_of",
+    "retry_turn",
+    "run_result",
+    "save_reply",
+    "settled",
+    "transcript",
+    # answers
+    "Accepted",
+    "StoredRequest",
+    "accept_answer",
+    "apply_answer_of",
+    "cancel_run",
+    "expire_requests",
+    "get_request",
+    "list_requests",
+    # maintenance
+    "SweepReport",
+    "sweep",
+    # errors
+    "StaleClaim",
+    "UnknownRun",
+]

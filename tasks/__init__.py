@@ -1,1 +1,11 @@
-"""Celery tasks that drive durable runs, and the host-side client."""
+"""Celery tasks that drive durable runs, and the host-side client.
+
+Task names are stable: `relayq.run_turn`, `relayq.submit_answer`,
+`relayq.cancel_run`, `relayq.sweep`. Their arguments are ids only; the store
+is the source of truth and the broker carries wake-ups.
+"""
+
+from tasks.client import DurableClient, WaitTimeout
+from tasks.settings import Settings
+
+__all__ = ["DurableClient", "Settings", "WaitTimeout"]

@@ -1,1 +1,5 @@
-"""The Celery app, its configuration and the process entry points."""
+"""The Celery app (`celery -A workers worker`), its configuration, and the embedded broker."""
+
+from workers.app import app, settings
+
+__all__ = ["app", "settings"]

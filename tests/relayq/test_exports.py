@@ -18,7 +18,8 @@ CORE = Path(relayq.__file__).parent
 def test_the_package_exports_exactly_these_names():
     assert sorted(relayq.__all__) == sorted(
         [
-            "Answer", "BUILTIN_NAMES", "BuiltinsConfig", "InMemoryConversationStore",
+            "Agent", "AgentError", "Answer", "BUILTIN_NAMES", "BuiltinsConfig",
+            "InMemoryConversationStore",
             "InProcessRequest", "InProcessResponse", "InProcessToolCall", "ModelError",
             "RelayqError", "Request", "ResumeError", "RunCancelled", "RunResult", "Tool",
             "ToolCallRecord", "ToolContext", "ToolResult", "Toolkit", "ToolkitError", "Usage",
@@ -41,7 +42,7 @@ def test_the_relay_and_client_modules_export_their_contract_names():
 
 
 def test_errors_share_one_root():
-    for name in ("ModelError", "ResumeError", "RunCancelled", "ToolkitError"):
+    for name in ("AgentError", "ModelError", "ResumeError", "RunCancelled", "ToolkitError"):
         assert issubclass(getattr(relayq, name), relayq.RelayqError)
 
 

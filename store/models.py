@@ -1,0 +1,158 @@
+"""The tables. One row per message: a transcript grows by one row a message, never by copies."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, Index, TypeDecorator
+from sqlmodel import Field, SQLModel
+
+__all__ = [
+    "LedgerRow",
+    "MessageRow",
+    "OutboxRow",
+    "RequestRow",
+    "RunRow",
+    "RunState",
+    "utcnow",
+]
+
+# Every state a durable run can be in.
+RunState = str  # queued | running | pending | done | failed | cancelled | incomplete
+FINISHED = ("done", "failed", "cancelled", "incomplete")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out, whether the database keeps time zones or not."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use an aware UTC datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _time(*, index: bool = False, nullable: bool = True) -> Any:
+    return Field(default=None, sa_column=Column(UTCDateTime(), index=index, nullable=nullable))
+
+
+def _json() -> Any:
+    return Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class RunRow(SQLModel, table=True):
+    __tablename__ = "relayq_runs"
+
+    id: str = Field(primary_key=True)
+    agent: str = Field(index=True)
+    conversation_id: str = Field(index=True)
+    status: str = Field(index=True)
+    version: int = 0
+    """Bumped by every state change; a turn message carries the version it may claim."""
+    start_seq: int = 0
+    """Where the run's prompt sits in its conversation."""
+    tools_digest: str | None = None
+    """A digest of the agent's tools when the run first ran, to notice them changing."""
+    text: str | None = None
+    error: str | None = None
+    attempts: int = 0
+    """Model-call failures in a row; a turn that succeeds resets it."""
+    cancel_requested: bool = False
+    claimed_by: str | None = None
+    """The task id holding the current claim; a redelivery of that task may take it over."""
+    lease_until: datetime | None = _time(index=True)
+    turns: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    created_at: datetime = _time(nullable=False)
+    updated_at: datetime = _time(index=True, nullable=False)
+
+
+class MessageRow(SQLModel, table=True):
+    __tablename__ = "relayq_messages"
+
+    conversation_id: str = Field(primary_key=True)
+    seq: int = Field(primary_key=True)
+    run_id: str = Field(index=True)
+    role: str
+    body: dict[str, Any] = _json()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    created_at: datetime = _time(nullable=False)
+
+
+class RequestRow(SQLModel, table=True):
+    __tablename__ = "relayq_requests"
+    __table_args__ = (Index("ix_relayq_requests_status_expires", "status", "expires_at"),)
+
+    id: str = Field(primary_key=True)
+    run_id: str = Field(index=True)
+    agent: str = Field(index=True)
+    kind: str = Field(index=True)
+    prompt: str
+    url: str | None = None
+    data: dict[str, Any] = _json()
+    """The request's data, less its relay calls."""
+    calls: list[dict[str, Any]] = _json()
+    """The relay calls the request carries (empty for other kinds)."""
+    status: str = Field(default="open", index=True)
+    """open | answered | expired | cancelled"""
+    expires_at: datetime | None = _time()
+    on_expiry: str = "error"
+    """What expiry does: `error` gives the calls error results, `cancel` cancels the run."""
+    answer: dict[str, Any] | None = _json()
+    """The answer in wire form; partial answers accumulate their results here."""
+    answered_by: str | None = None
+    answered_at: datetime | None = _time()
+    applied: bool = False
+    """The answer has been written into the transcript and the run re-enqueued."""
+    revision: int = 0
+    created_at: datetime = _time(index=True, nullable=False)
+
+
+class LedgerRow(SQLModel, table=True):
+    """One finished tool call: a redelivered turn reads it instead of running the tool again."""
+
+    __tablename__ = "relayq_ledger"
+
+    run_id: str = Field(primary_key=True)
+    at: int = Field(primary_key=True)
+    """The transcript index of the assistant message that made the call."""
+    call_id: str = Field(primary_key=True)
+    attempt: str = Field(primary_key=True)
+    outcome: dict[str, Any] = _json()
+    created_at: datetime = _time(nullable=False)
+
+
+class OutboxRow(SQLModel, table=True):
+    """A task message written in the transaction that decided it, sent after commit."""
+
+    __tablename__ = "relayq_outbox"
+
+    id: int | None = Field(default=None, primary_key=True)
+    task: str
+    queue: str
+    args: list[Any] = _json()
+    countdown: float = 0.0
+    run_id: str | None = Field(default=None, index=True)
+    label: str = ""
+    """What Flower shows as the task's arguments: ids and turn, never content."""
+    sends: int = 0
+    created_at: datetime = _time(nullable=False)
+    published_at: datetime | None = _time(index=True)

@@ -1,0 +1,101 @@
+"""Task messages decided inside a transaction, sent only after it commits.
+
+The tasks and their queues are named here because the store decides which
+message follows which state change; `tasks/` registers the functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from sqlmodel import Session, col, select
+
+from store.db import Database
+from store.models import OutboxRow, utcnow
+
+__all__ = [
+    "ANSWER_QUEUE",
+    "ANSWER_TASK",
+    "CANCEL_TASK",
+    "MAINTENANCE_QUEUE",
+    "SWEEP_TASK",
+    "TURN_QUEUE",
+    "TURN_TASK",
+    "enqueue_answer",
+    "enqueue_turn",
+    "mark_published",
+    "task_id_of",
+    "unpublished",
+]
+
+TURN_TASK, TURN_QUEUE = "relayq.run_turn", "relayq.turns"
+ANSWER_TASK, ANSWER_QUEUE = "relayq.submit_answer", "relayq.answers"
+CANCEL_TASK = "relayq.cancel_run"
+SWEEP_TASK = "relayq.sweep"
+MAINTENANCE_QUEUE = "relayq.maintenance"
+
+
+def enqueue_turn(
+    session: Session, run_id: str, version: int, *, label: str, countdown: float = 0.0
+) -> OutboxRow:
+    row = OutboxRow(
+        task=TURN_TASK,
+        queue=TURN_QUEUE,
+        args=[run_id, version],
+        countdown=countdown,
+        run_id=run_id,
+        label=label,
+        created_at=utcnow(),
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def enqueue_answer(session: Session, request_id: str, run_id: str) -> OutboxRow:
+    row = OutboxRow(
+        task=ANSWER_TASK,
+        queue=ANSWER_QUEUE,
+        args=[request_id],
+        run_id=run_id,
+        label=f"request={request_id} run={run_id}",
+        created_at=utcnow(),
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def task_id_of(row: OutboxRow) -> str:
+    """A message id per send: a redelivery keeps it, a re-send by the sweeper does not."""
+    return f"relayq-{row.id}" if row.sends == 0 else f"relayq-{row.id}-{row.sends}"
+
+
+def mark_published(db: Database, rows: Iterable[OutboxRow]) -> None:
+    ids = [r.id for r in rows]
+    if not ids:
+        return
+    now = utcnow()
+    with db.write() as s:
+        for row in s.exec(select(OutboxRow).where(col(OutboxRow.id).in_(ids))):
+            row.published_at = now
+
+
+def unpublished(
+    db: Database, *, older_than: timedelta, now: datetime | None = None
+) -> list[OutboxRow]:
+    """Rows whose send never happened (or was not recorded); each is counted as a new send."""
+    cutoff = (now or utcnow()) - older_than
+    with db.write() as s:
+        rows = list(
+            s.exec(
+                select(OutboxRow)
+                .where(col(OutboxRow.published_at).is_(None), col(OutboxRow.created_at) < cutoff)
+                .order_by(col(OutboxRow.id))
+                .limit(1000)
+            )
+        )
+        for row in rows:
+            row.sends += 1
+        return rows

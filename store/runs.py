@@ -1,0 +1,421 @@
+"""Runs and their turns: create, claim, journal, finish.
+
+A turn message carries `(run_id, version)`. Claiming is a compare-and-swap:
+the run must be `queued` at that version (or `running` under a claim by the
+very same task message, which a broker redelivers only when the worker that
+held it died). Every later write of the turn checks the claim still holds,
+so a turn that lost its run writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from relayq import Request, ResumeError, RunResult, ToolResult
+from relayq import _transcript as tx
+from relayq.loop import Turn
+from relayq.relay import RELAY_KIND, is_relay_request, relay_calls_of
+from store.db import Database
+from store.errors import StaleClaim, UnknownRun
+from store.models import FINISHED, LedgerRow, MessageRow, OutboxRow, RequestRow, RunRow, utcnow
+from store.outbox import enqueue_turn
+
+__all__ = [
+    "Claim",
+    "cancel_requested",
+    "claim_turn",
+    "create_run",
+    "fail_run",
+    "finish_cancelled",
+    "finish_turn",
+    "get_run",
+    "ledger_get",
+    "ledger_put",
+    "request_of",
+    "retry_turn",
+    "run_result",
+    "save_reply",
+    "settled",
+    "transcript",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """A turn's hold on its run, valid while the run stays at `version`."""
+
+    run_id: str
+    version: int
+    agent: str
+    conversation_id: str
+    tools_digest: str | None
+    attempts: int
+    turns: int
+
+
+def _label(run: RunRow) -> str:
+    return f"run={run.id} agent={run.agent} turn={run.turns + 1}"
+
+
+def create_run(
+    db: Database,
+    *,
+    run_id: str,
+    agent: str,
+    prompt: str,
+    conversation_id: str | None,
+    tools_digest: str | None = None,
+) -> OutboxRow:
+    """A queued run with its prompt; continues `conversation_id` if it names one."""
+    now = utcnow()
+    conv = conversation_id or run_id
+    with db.write() as s:
+        history = _conversation(s, conv)
+        _check_can_continue(s, conv, history)
+        run = RunRow(
+            id=run_id,
+            agent=agent,
+            conversation_id=conv,
+            status="queued",
+            start_seq=len(history),
+            tools_digest=tools_digest,
+            created_at=now,
+            updated_at=now,
+        )
+        s.add(run)
+        s.add(_message_row(run, len(history), tx.user_message(prompt, run_id)))
+        s.flush()
+        return enqueue_turn(s, run_id, run.version, label=_label(run))
+
+
+def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) -> None:
+    busy = s.exec(
+        select(RunRow).where(RunRow.conversation_id == conv, col(RunRow.status).not_in(FINISHED))
+    ).first()
+    if busy is not None:
+        raise ResumeError(
+            f"conversation {conv!r} has run {busy.id} still {busy.status}; "
+            "answer or cancel it before asking again"
+        )
+    if any(slot.state != "done" for slot in tx.slots(history)):
+        raise ResumeError(f"conversation {conv!r} ends in an unfinished turn; it cannot go on")
+
+
+def claim_turn(
+    db: Database, run_id: str, version: int, *, task_id: str | None, lease: timedelta
+) -> Claim | None:
+    """Take the run for one turn, or None if this message is stale or a duplicate."""
+    now = utcnow()
+    with db.write() as s:
+        run = s.get(RunRow, run_id, with_for_update=True)
+        if run is None:
+            return None
+        fresh = run.status == "queued" and run.version == version
+        taken_over = run.status == "running" and task_id is not None and run.claimed_by == task_id
+        if not (fresh or taken_over):
+            return None
+        if run.cancel_requested:
+            _cancel(s, run, now)
+            return None
+        run.status = "running"
+        run.version += 1
+        run.claimed_by = task_id
+        run.lease_until = now + lease
+        run.updated_at = now
+        return Claim(
+            run_id=run.id,
+            version=run.version,
+            agent=run.agent,
+            conversation_id=run.conversation_id,
+            tools_digest=run.tools_digest,
+            attempts=run.attempts,
+            turns=run.turns,
+        )
+
+
+def _hold(s: Session, claim: Claim) -> RunRow:
+    run = s.get(RunRow, claim.run_id, with_for_update=True)
+    if run is None or run.version != claim.version or run.status != "running":
+        raise StaleClaim(claim.run_id, claim.version)
+    return run
+
+
+def transcript(db: Database, conversation_id: str) -> list[dict[str, Any]]:
+    with db.read() as s:
+        return _conversation(s, conversation_id)
+
+
+def _conversation(
+    s: Session, conversation_id: str, upto: int | None = None
+) -> list[dict[str, Any]]:
+    query = select(MessageRow).where(MessageRow.conversation_id == conversation_id)
+    if upto is not None:
+        query = query.where(MessageRow.seq <= upto)
+    return [row.body for row in s.exec(query.order_by(col(MessageRow.seq)))]
+
+
+def _message_row(run: RunRow, seq: int, body: dict[str, Any]) -> MessageRow:
+    usage = (body.get(tx.NOTE) or {}).get("usage") or {}
+    return MessageRow(
+        conversation_id=run.conversation_id,
+        seq=seq,
+        run_id=run.id,
+        role=str(body.get("role")),
+        body=body,
+        prompt_tokens=int(usage.get("promptTokens", 0)),
+        completion_tokens=int(usage.get("completionTokens", 0)),
+        created_at=utcnow(),
+    )
+
+
+def _write_messages(
+    s: Session, run: RunRow, before: list[dict[str, Any]], after: list[dict[str, Any]]
+) -> None:
+    """Write what changed: appended messages, and placeholders replaced in place."""
+    for seq, body in enumerate(after):
+        if seq < len(before) and before[seq] == body:
+            continue
+        row = s.get(MessageRow, (run.conversation_id, seq))
+        if row is None:
+            s.add(_message_row(run, seq, body))
+        else:
+            row.body = body
+            row.role = str(body.get("role"))
+
+
+def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> None:
+    """Keep the model's reply (the last message) before any of its tools run."""
+    with db.write() as s:
+        run = _hold(s, claim)
+        _write_messages(s, run, messages[:-1], messages)
+
+
+def ledger_get(
+    db: Database, run_id: str, at: int, call_id: str, attempt: str
+) -> ToolResult | Request | None:
+    with db.read() as s:
+        row = s.get(LedgerRow, (run_id, at, call_id, attempt))
+    if row is None:
+        return None
+    if row.outcome.get("type") == "request":
+        return Request.model_validate(row.outcome["value"])
+    return ToolResult.model_validate(row.outcome["value"])
+
+
+def ledger_put(
+    db: Database, run_id: str, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
+) -> None:
+    kind = "request" if isinstance(outcome, Request) else "result"
+    with db.write() as s:
+        if s.get(LedgerRow, (run_id, at, call_id, attempt)) is None:
+            s.add(
+                LedgerRow(
+                    run_id=run_id,
+                    at=at,
+                    call_id=call_id,
+                    attempt=attempt,
+                    outcome={"type": kind, "value": outcome.model_dump(mode="json")},
+                    created_at=utcnow(),
+                )
+            )
+
+
+def cancel_requested(db: Database, run_id: str) -> bool:
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+        return run is None or run.cancel_requested
+
+
+def finish_turn(
+    db: Database,
+    claim: Claim,
+    before: list[dict[str, Any]],
+    turn: Turn,
+    *,
+    tools_digest: str,
+    request_ttl: timedelta | None = None,
+    on_expiry: str = "error",
+) -> list[OutboxRow]:
+    """Persist what a turn did and what comes next, in one transaction."""
+    now = utcnow()
+    with db.write() as s:
+        run = _hold(s, claim)
+        run.tools_digest = run.tools_digest or tools_digest
+        _write_messages(s, run, before, turn.messages)
+        usage = tx.usage_of(turn.messages)
+        run.turns = tx.turns_taken(turn.messages)
+        run.prompt_tokens = usage.prompt_tokens
+        run.completion_tokens = usage.completion_tokens
+        run.total_tokens = usage.total_tokens
+        run.attempts = 0
+        run.error = None
+        run.claimed_by = None
+        run.lease_until = None
+        run.version += 1
+        run.updated_at = now
+        outbox: list[OutboxRow] = []
+        if turn.status == "next":
+            run.status = "queued"
+            outbox.append(enqueue_turn(s, run.id, run.version, label=_label(run)))
+        elif turn.status == "pending":
+            assert turn.pending is not None
+            run.status = "pending"
+            _open_request(s, run, turn.pending, now, ttl=request_ttl, on_expiry=on_expiry)
+        else:
+            run.status = turn.status
+            run.text = turn.text if turn.status == "done" else None
+        return outbox
+
+
+def _open_request(
+    s: Session,
+    run: RunRow,
+    request: Request,
+    now: datetime,
+    *,
+    ttl: timedelta | None,
+    on_expiry: str,
+) -> None:
+    if s.get(RequestRow, request.id) is not None:
+        return
+    expires_at = request.expires_at or (now + ttl if ttl is not None else None)
+    relay = is_relay_request(request)
+    s.add(
+        RequestRow(
+            id=request.id,
+            run_id=run.id,
+            agent=run.agent,
+            kind=request.kind,
+            prompt=request.prompt,
+            url=request.url,
+            data={k: v for k, v in request.data.items() if not (relay and k == "calls")},
+            calls=[c.model_dump(mode="json") for c in relay_calls_of(request)],
+            status="open",
+            expires_at=expires_at,
+            on_expiry=on_expiry,
+            created_at=now,
+        )
+    )
+
+
+def request_of(row: RequestRow) -> Request:
+    """The Request a stored row stands for, in the wire shape hosts see."""
+    data = dict(row.data or {})
+    if row.kind == RELAY_KIND:
+        data["calls"] = row.calls or []
+    return Request(
+        id=row.id,
+        kind=row.kind,
+        prompt=row.prompt,
+        url=row.url,
+        data=data,
+        expires_at=row.expires_at,
+    )
+
+
+def retry_turn(db: Database, claim: Claim, *, error: str, countdown: float) -> OutboxRow:
+    """Give the run back to the queue after a retryable failure, to try again later."""
+    with db.write() as s:
+        run = _hold(s, claim)
+        run.status = "queued"
+        run.version += 1
+        run.attempts += 1
+        run.error = error
+        run.claimed_by = None
+        run.lease_until = None
+        run.updated_at = utcnow()
+        return enqueue_turn(s, run.id, run.version, label=_label(run), countdown=countdown)
+
+
+def fail_run(db: Database, claim: Claim, error: str) -> None:
+    with db.write() as s:
+        run = _hold(s, claim)
+        run.status = "failed"
+        run.error = error
+        run.version += 1
+        run.claimed_by = None
+        run.lease_until = None
+        run.updated_at = utcnow()
+        _cancel_requests(s, run.id)
+
+
+def finish_cancelled(db: Database, claim: Claim) -> None:
+    with db.write() as s:
+        _cancel(s, _hold(s, claim), utcnow())
+
+
+def _cancel(s: Session, run: RunRow, now: datetime) -> None:
+    run.status = "cancelled"
+    run.cancel_requested = True
+    run.version += 1
+    run.claimed_by = None
+    run.lease_until = None
+    run.updated_at = now
+    _cancel_requests(s, run.id)
+
+
+def _cancel_requests(s: Session, run_id: str) -> None:
+    for row in s.exec(
+        select(RequestRow).where(RequestRow.run_id == run_id, RequestRow.status == "open")
+    ):
+        row.status = "cancelled"
+
+
+def settled(db: Database, run_id: str) -> tuple[str, bool]:
+    """The run's status, and whether a host has something to do or wait for no more.
+
+    A run is settled when it has finished, or when it is pending on an open
+    request. Pending with none open means an answer is on its way in.
+    """
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        if run.status in FINISHED:
+            return run.status, True
+        if run.status != "pending":
+            return run.status, False
+        waiting = s.exec(
+            select(RequestRow.id).where(RequestRow.run_id == run_id, RequestRow.status == "open")
+        ).first()
+        return run.status, waiting is not None
+
+
+def get_run(db: Database, run_id: str) -> RunRow:
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+    if run is None:
+        raise UnknownRun(run_id)
+    return run
+
+
+def run_result(db: Database, run_id: str) -> RunResult:
+    """A stored run as the same RunResult the in-process client returns."""
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        last = s.exec(
+            select(MessageRow.seq)
+            .where(MessageRow.run_id == run_id)
+            .order_by(col(MessageRow.seq).desc())
+        ).first()
+        messages = _conversation(s, run.conversation_id, upto=last)
+        pending = s.exec(
+            select(RequestRow).where(RequestRow.run_id == run_id, RequestRow.status == "open")
+        ).first()
+    return RunResult(
+        status=run.status,
+        text=run.text or "",
+        tool_calls=tx.records_of(messages),
+        messages=messages,
+        pending=request_of(pending) if pending is not None and run.status == "pending" else None,
+        turns=run.turns,
+        usage=tx.usage_of(messages),
+        run_id=run.id,
+        error=run.error,
+    )

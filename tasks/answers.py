@@ -1,0 +1,23 @@
+"""`relayq.submit_answer`: an accepted answer goes into the transcript and the run is re-queued."""
+
+from __future__ import annotations
+
+from celery import Task, shared_task
+
+from store import apply_answer_of
+from store.outbox import ANSWER_QUEUE, ANSWER_TASK
+from tasks.publish import publish
+from tasks.runtime import Runtime
+
+__all__ = ["submit_answer"]
+
+
+@shared_task(
+    name=ANSWER_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, queue=ANSWER_QUEUE
+)
+def submit_answer(self: Task, request_id: str) -> str:
+    """Apply the stored answer of `request_id`; a second delivery finds it applied and stops."""
+    rt = Runtime.current()
+    outbox = apply_answer_of(rt.db, request_id)
+    publish(self.app, rt.db, outbox)
+    return "resumed" if outbox else "skipped: already applied or run not pending"

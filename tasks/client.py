@@ -1,0 +1,224 @@
+"""`DurableClient`: the host's side of durable runs.
+
+It writes to the store and sends task messages; workers in other processes
+(or machines) run the turns. Results are the same `RunResult`s the
+in-process client returns.
+
+    client = DurableClient()
+    halted = await client.run("support", "refund order 17")
+    if halted.status == "pending":
+        done = await client.run_with_answer(halted.pending, answer_output(halted.pending.id, "ok"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from dataclasses import replace
+from typing import Any
+
+from celery import Celery
+
+from relayq import Answer, RelayqError, Request, ResumeError, RunResult
+from relayq._types import new_id
+from relayq.agents import Agent, registered_agents
+from relayq.loop import WaitFor
+from store import (
+    Database,
+    StoredRequest,
+    accept_answer,
+    cancel_run,
+    create_run,
+    list_requests,
+    migrate,
+    run_result,
+    settled,
+)
+from tasks.publish import publish, sender_app
+from tasks.settings import Settings
+
+__all__ = ["DurableClient", "WaitTimeout"]
+
+
+class WaitTimeout(RelayqError, TimeoutError):
+    """A run did not settle within the time given."""
+
+    def __init__(self, run_id: str, status: str, timeout: float) -> None:
+        super().__init__(run_id, status, timeout)
+        self.run_id = run_id
+        self.status = status
+        self.timeout = timeout
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} is still {self.status} after {self.timeout:g} s"
+
+
+class DurableClient:
+    """Start, watch, answer and cancel durable runs.
+
+    Reads the same environment as the workers (`RELAYQ_DATABASE_URL`,
+    `RELAYQ_BROKER_URL`, ...); the arguments override it. With `wait_for`,
+    `run` answers each request as it comes, like the in-process client does.
+    """
+
+    def __init__(
+        self,
+        *,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        wait_for: WaitFor | None = None,
+        settings: Settings | None = None,
+        app: Celery | None = None,
+    ) -> None:
+        base = settings or Settings.from_env()
+        overrides: dict[str, Any] = {}
+        if database_url:
+            overrides["database_url"] = database_url
+        if broker_url:
+            overrides.update(broker_url=broker_url, embedded_broker=False)
+        self.settings = replace(base, **overrides)
+        self.db = Database(self.settings.database_url)
+        migrate(self.db)
+        self.app = app or sender_app(self.settings)
+        self._wait_for = wait_for
+
+    async def start(
+        self, agent: Agent | str, prompt: str, *, conversation_id: str | None = None
+    ) -> str:
+        """Queue a run of `agent` on `prompt`; returns its id at once."""
+        name = agent.name if isinstance(agent, Agent) else agent
+        known = agent if isinstance(agent, Agent) else registered_agents().get(name)
+        digest = (await known.toolkit()).digest() if known is not None else None
+        run_id = new_id("run")
+        row = await asyncio.to_thread(
+            create_run,
+            self.db,
+            run_id=run_id,
+            agent=name,
+            prompt=prompt,
+            conversation_id=conversation_id,
+            tools_digest=digest,
+        )
+        await asyncio.to_thread(publish, self.app, self.db, [row])
+        return run_id
+
+    async def result(
+        self, run_id: str, *, wait: bool = False, timeout: float | None = None
+    ) -> RunResult:
+        """The run as it stands; with `wait`, once it is done, pending, failed or cancelled."""
+        if wait:
+            await self._settle(run_id, timeout)
+        return await asyncio.to_thread(run_result, self.db, run_id)
+
+    async def _settle(self, run_id: str, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            status, done = await asyncio.to_thread(settled, self.db, run_id)
+            if done:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(run_id, status, timeout or 0.0)
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    async def run(
+        self,
+        agent: Agent | str,
+        prompt: str,
+        *,
+        conversation_id: str | None = None,
+        timeout: float | None = None,
+    ) -> RunResult:
+        """Start a run and wait until it is done or waits on the host."""
+        run_id = await self.start(agent, prompt, conversation_id=conversation_id)
+        return await self._follow(run_id, timeout)
+
+    async def _follow(self, run_id: str, timeout: float | None) -> RunResult:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            res = await self.result(run_id, wait=True, timeout=left)
+            if res.status != "pending" or self._wait_for is None or res.pending is None:
+                return res
+            answer = self._wait_for(res.pending)
+            if inspect.isawaitable(answer):
+                answer = await answer
+            await self.submit_answer(answer)
+
+    async def requests(
+        self,
+        status: str | None = "open",
+        *,
+        run_id: str | None = None,
+        agent: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+    ) -> list[StoredRequest]:
+        """Stored requests, newest first; `status=None` for all."""
+        return await asyncio.to_thread(
+            list_requests,
+            self.db,
+            status=status,
+            run_id=run_id,
+            agent=agent,
+            kind=kind,
+            limit=limit,
+        )
+
+    async def submit_answer(
+        self,
+        answer: Answer | dict[str, Any],
+        *,
+        answered_by: str | None = None,
+        partial: bool = False,
+    ) -> str:
+        """Validate and record an answer, then resume its run; returns the run id.
+
+        Raises ResumeError, changing nothing, for an unknown or already answered
+        request, an expired one, or results that do not fit its calls. Of two
+        answers to one request exactly one is taken. With `partial`, the results
+        are kept and the request stays open until every call has one.
+        """
+        accepted = await asyncio.to_thread(
+            accept_answer,
+            self.db,
+            Answer.model_validate(answer),
+            answered_by=answered_by,
+            partial=partial,
+        )
+        await asyncio.to_thread(publish, self.app, self.db, accepted.outbox)
+        return accepted.run_id
+
+    async def run_with_answer(
+        self,
+        pending: Request | dict[str, Any],
+        answer: Answer | dict[str, Any],
+        *,
+        timeout: float | None = None,
+    ) -> RunResult:
+        """Answer the request a run waits on, and wait for the run to settle again."""
+        request = Request.model_validate(pending)
+        reply = Answer.model_validate(answer)
+        if reply.id != request.id:
+            raise ResumeError(
+                f"answer id {reply.id!r} does not echo the pending request id {request.id!r}",
+                request.id,
+            )
+        run_id = await self.submit_answer(reply)
+        return await self._follow(run_id, timeout)
+
+    async def cancel(self, run_id: str) -> str:
+        """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""
+        return await asyncio.to_thread(cancel_run, self.db, run_id)
+
+    def close(self) -> None:
+        self.db.dispose()
+        self.app.close()
+
+    async def __aenter__(self) -> DurableClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,216 @@
+"""Agents the durable tests run on real workers (`RELAYQ_AGENTS=tests.durable.agents`).
+
+Models and tools write what they do to files under `RELAYQ_TEST_LOG`, so a
+test in another process can count model calls and tool executions.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from relayq import (
+    Agent,
+    InProcessRequest,
+    InProcessResponse,
+    InProcessToolCall,
+    ModelError,
+    Request,
+    ToolContext,
+    define_tool,
+    pending,
+)
+from relayq.relay import relay_tool
+
+
+def log_dir() -> Path:
+    path = Path(os.environ.get("RELAYQ_TEST_LOG", ".relayq/test-log"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def note(kind: str, key: str) -> int:
+    """Append a line to `<kind>.log` and return how many lines with `key` it now has."""
+    path = log_dir() / f"{kind}.log"
+    with path.open("a") as f:
+        f.write(key + "\n")
+    return count(kind, key)
+
+
+def count(kind: str, key: str) -> int:
+    path = log_dir() / f"{kind}.log"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line == key)
+
+
+def prompt_of(req: InProcessRequest) -> str:
+    return next(str(m["content"]) for m in req.messages if m["role"] == "user")
+
+
+def tool_outputs(req: InProcessRequest) -> list[str]:
+    return [str(m["content"]) for m in req.messages if m["role"] == "tool"]
+
+
+def calls(*pairs: tuple[str, str]) -> InProcessResponse:
+    return InProcessResponse(tool_calls=[InProcessToolCall(id=i, name=n) for i, n in pairs])
+
+
+# The seed's example 2: three relay calls in one turn.
+def three_calls_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    outs = tool_outputs(req)
+    if outs:
+        return InProcessResponse(content=",".join(outs))
+    return calls(("c1", "alpha"), ("c2", "beta"), ("c3", "gamma"))
+
+
+seed_three = Agent(
+    "seed-three",
+    three_calls_model,
+    tools=[relay_tool(n, "relayed to the caller") for n in ("alpha", "beta", "gamma")],
+)
+
+
+# The seed's example 3: a real tool beside a relayed one that the host declines.
+def real_tool(args: dict[str, Any], ctx: ToolContext) -> str:
+    note("tool", f"real_tool {ctx.run_id}")
+    return "real-output"
+
+
+def real_then_relay_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    match len(tool_outputs(req)):
+        case 0:
+            return calls(("c1", "real_tool"))
+        case 1:
+            return calls(("c2", "relayed_tool"))
+        case _:
+            return InProcessResponse(content="handled the decline")
+
+
+seed_decline = Agent(
+    "seed-decline",
+    real_then_relay_model,
+    tools=[
+        define_tool("real_tool", "runs locally", None, real_tool),
+        relay_tool("relayed_tool", "runs at the host"),
+    ],
+)
+
+
+# One relay call; the answer comes back as the final text.
+def lookup_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    outs = tool_outputs(req)
+    if outs:
+        return InProcessResponse(content=",".join(outs))
+    return calls(("c1", "lookup"))
+
+
+lookup = Agent("lookup", lookup_model, tools=[relay_tool("lookup", "the host looks it up")])
+expiring = Agent(
+    "expiring",
+    lookup_model,
+    tools=[relay_tool("lookup", "the host looks it up")],
+    request_ttl=timedelta(milliseconds=300),
+)
+expiring_cancel = Agent(
+    "expiring-cancel",
+    lookup_model,
+    tools=[relay_tool("lookup", "the host looks it up")],
+    request_ttl=timedelta(milliseconds=300),
+    on_expiry="cancel",
+)
+
+
+# A turn whose second tool kills the worker process the first time it runs.
+def work(args: dict[str, Any], ctx: ToolContext) -> str:
+    note("tool", f"work {ctx.run_id}")
+    return "worked"
+
+
+def crash(args: dict[str, Any], ctx: ToolContext) -> str:
+    time.sleep(0.3)  # `work` finishes and reaches the ledger first
+    if note("tool", f"crash {ctx.run_id}") == 1:
+        os._exit(1)
+    return f"survived {ctx.idempotency_key}"
+
+
+def crashy_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    outs = tool_outputs(req)
+    if outs:
+        return InProcessResponse(content=",".join(outs))
+    return calls(("c1", "work"), ("c2", "crash"))
+
+
+crashy = Agent(
+    "crashy",
+    crashy_model,
+    tools=[define_tool("work", "w", None, work), define_tool("crash", "c", None, crash)],
+)
+
+
+# A model that is rate limited twice per prompt, and one that always is.
+def flaky_model(req: InProcessRequest) -> InProcessResponse:
+    if note("model", prompt_of(req)) <= 2:
+        raise ModelError("429 rate limited", retryable=True, retry_after=0.05)
+    return InProcessResponse(content="finally")
+
+
+def overloaded_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    raise ModelError("529 overloaded", retryable=True)
+
+
+def refusing_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    raise ModelError("400 bad request: no such model", retryable=False)
+
+
+flaky = Agent("flaky", flaky_model)
+overloaded = Agent("overloaded", overloaded_model)
+refusing = Agent("refusing", refusing_model)
+
+
+# An approval-gated tool: a non-relay suspension.
+def deploy(args: dict[str, Any], ctx: ToolContext) -> str | Request:
+    if ctx.answer is None:
+        return pending("approval", "Deploy to production?", {"service": "web"})
+    note("tool", f"deploy {ctx.run_id}")
+    return f"deployed, approved by {(ctx.answer.data or {}).get('by', '?')}"
+
+
+def deploy_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    outs = tool_outputs(req)
+    if outs:
+        return InProcessResponse(content=",".join(outs))
+    return calls(("c1", "deploy"))
+
+
+approvals = Agent("approvals", deploy_model, tools=[define_tool("deploy", "d", None, deploy)])
+
+
+# A tool that holds its turn until a file appears, so a test can act meanwhile.
+def hold(args: dict[str, Any], ctx: ToolContext) -> str:
+    note("tool", f"hold {ctx.run_id}")
+    gate = log_dir() / f"release-{ctx.run_id}"
+    deadline = time.monotonic() + 20
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "held"
+
+
+def holding_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    if tool_outputs(req):
+        return InProcessResponse(content="released")
+    return calls(("c1", "hold"))
+
+
+holding = Agent("holding", holding_model, tools=[define_tool("hold", "h", None, hold)])

@@ -1,0 +1,38 @@
+"""`python -m workers [worker|beat] [celery options]`: start a process with sane defaults.
+
+python -m workers                 # a worker on every relayq queue
+python -m workers beat            # the sweeper's schedule
+python -m workers worker -c 8     # any celery worker option
+"""
+
+from __future__ import annotations
+
+import sys
+
+from workers.app import app, settings
+from workers.config import QUEUES
+from workers.embedded import ensure_embedded_redis
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv) or ["worker"]
+    if settings.embedded_broker:
+        ensure_embedded_redis(settings)
+    if args[0] == "worker":
+        defaults = {("--loglevel", "-l"): "INFO", ("--queues", "-Q"): ",".join(QUEUES)}
+        extra = [
+            part
+            for names, value in defaults.items()
+            if not _given(args, names)
+            for part in (names[0], value)
+        ]
+        args = ["worker", *extra, *args[1:]]
+    app.start(argv=args)
+
+
+def _given(args: list[str], names: tuple[str, ...]) -> bool:
+    return any(a == n or a.startswith(n + "=") for a in args for n in names)
+
+
+if __name__ == "__main__":
+    main()
