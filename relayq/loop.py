@@ -91,6 +91,7 @@ class _Ctx:
     run_id: str
     journal: Journal
     wait_for: WaitFor | None
+    cancel: Cancel | None
 
     async def ask(self, request: Request) -> Answer:
         assert self.wait_for is not None
@@ -121,7 +122,13 @@ async def take_turn(
     tx.check(messages)
     if tx.run_start(messages) < 0:
         raise ResumeError("the transcript has no user message to run")
-    ctx = _Ctx(toolkit=toolkit, run_id=run_id, journal=journal or Journal(), wait_for=wait_for)
+    ctx = _Ctx(
+        toolkit=toolkit,
+        run_id=run_id,
+        journal=journal or Journal(),
+        wait_for=wait_for,
+        cancel=cancel,
+    )
     outstanding = [s for s in tx.slots(messages) if s.state in ("todo", "answered")]
     if outstanding:
         # Finishing an earlier turn (its reply was saved, or a tool was approved)
@@ -251,7 +258,13 @@ _Outcome: TypeAlias = "ToolResult | Request | RelayCall"
 
 async def _settle_all(messages: list[dict[str, Any]], work: list[tx.Slot], ctx: _Ctx) -> None:
     """Run the slots' calls concurrently; write their results in call order."""
-    outcomes: list[_Outcome] = await asyncio.gather(*(_settle(s, ctx) for s in work))
+    try:
+        # A TaskGroup, not gather: if one call is cancelled, its siblings stop too.
+        async with asyncio.TaskGroup() as group:
+            running = [group.create_task(_settle(s, ctx)) for s in work]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    outcomes = [t.result() for t in running]
     relayed = [o for o in outcomes if isinstance(o, RelayCall)]
     # Every relay call of the turn rides one request, in call order.
     folded = relay_request(relayed) if relayed else None
@@ -295,6 +308,7 @@ async def _invoke(
         attempt = answer.id if answer is not None else ""
         outcome = await ctx.journal.recorded(slot.at, call.id, attempt)
         if outcome is None:
+            _check_cancel(ctx.cancel, ctx.run_id)
             tool_ctx = ToolContext(
                 run_id=ctx.run_id,
                 call_id=call.id,

@@ -54,7 +54,10 @@ class Claim:
     conversation_id: str
     tools_digest: str | None
     attempts: int
+    """Failed tries of this turn so far: model errors, and workers that died holding it."""
     turns: int
+    taken_over: bool = False
+    """This delivery took the run over from one whose worker died."""
 
 
 def _label(run: RunRow) -> str:
@@ -121,6 +124,8 @@ def claim_turn(
         if run.cancel_requested:
             _cancel(s, run, now)
             return None
+        if taken_over:
+            run.attempts += 1
         run.status = "running"
         run.version += 1
         run.claimed_by = task_id
@@ -134,6 +139,7 @@ def claim_turn(
             tools_digest=run.tools_digest,
             attempts=run.attempts,
             turns=run.turns,
+            taken_over=taken_over,
         )
 
 

@@ -136,6 +136,11 @@ def drive_turn(rt: Runtime, task: Task | None, run_id: str, version: int) -> str
     claim = claim_turn(rt.db, run_id, version, task_id=task_id, lease=rt.settings.lease)
     if claim is None:
         return "skipped: stale or duplicate message"
+    if claim.taken_over and claim.attempts > rt.settings.model_retries:
+        # The turn keeps killing its worker (or outliving the hard time limit).
+        error = f"the worker died {claim.attempts} times running this turn; giving up"
+        fail_run(rt.db, claim, error)
+        raise TurnFailed(run_id, error)
     try:
         agent = rt.agent(claim.agent)
         turn, before, digest = rt.loop.run(_turn(rt, claim, agent))

@@ -1,4 +1,8 @@
-"""The README's examples run as written."""
+"""The README's examples run as written.
+
+Blocks fenced as `python` are complete programs and run; `py` marks fragments
+(they need a worker, or top-level await).
+"""
 
 from __future__ import annotations
 

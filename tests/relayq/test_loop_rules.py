@@ -17,11 +17,15 @@ from relayq import (
     Tool,
     ToolContext,
     Toolkit,
+    ToolResult,
     create_in_process_client,
     create_toolkit,
     define_tool,
     pending,
 )
+from relayq import _transcript as tx
+from relayq._model import as_model
+from relayq.loop import Journal, take_turn
 from relayq.relay import (
     RelayResult,
     answer_declined,
@@ -268,3 +272,41 @@ async def test_tools_get_a_stable_idempotency_key_of_run_and_call_id():
     )
 
     assert keys == [f"{halted.run_id}:c7"] * 2
+
+
+async def test_a_call_that_has_not_started_when_the_run_is_cancelled_never_starts():
+    cancel = threading.Event()
+    first_ran = asyncio.Event()
+    started: list[str] = []
+
+    async def first(args: dict[str, Any], ctx: ToolContext) -> str:
+        started.append("first")
+        cancel.set()
+        first_ran.set()
+        return "first"
+
+    def second(args: dict[str, Any], ctx: ToolContext) -> str:
+        started.append("second")
+        return "second"
+
+    class SlowLedger(Journal):
+        async def recorded(
+            self, at: int, call_id: str, attempt: str
+        ) -> ToolResult | Request | None:
+            if call_id == "c2":  # the second call looks itself up after the first has run
+                await first_ran.wait()
+            return None
+
+    tk = await kit(define_tool("first", "x", None, first), define_tool("second", "x", None, second))
+    model = Script([calls(("c1", "first"), ("c2", "second"))])
+
+    with pytest.raises(RunCancelled):
+        await take_turn(
+            [tx.user_message("go", "r")],
+            tk,
+            as_model(model),
+            run_id="r",
+            journal=SlowLedger(),
+            cancel=cancel,
+        )
+    assert started == ["first"]

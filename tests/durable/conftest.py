@@ -1,0 +1,223 @@
+"""Real parts for the durable tests: a Redis, a database, and Celery workers in other processes.
+
+Redis: the machine's server (127.0.0.1:6379) when it answers, on its own db
+number and under a key prefix of this session only; else the embedded one.
+Databases: a SQLite file, and a PostgreSQL database created for the session
+and dropped after it when a server answers on 127.0.0.1:5432.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+import tests.durable.agents  # noqa: F401  (the host knows the agents, as a real one would)
+from store import Database
+from tasks import DurableClient, Settings
+from workers.embedded import ensure_embedded_redis, stop_embedded_redis
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_DB = int(os.environ.get("RELAYQ_TEST_REDIS_DB", "13"))
+PG_ADMIN = os.environ.get("RELAYQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class Broker:
+    url: str
+    prefixes: list[str] = field(default_factory=list)
+
+    def new_prefix(self) -> str:
+        prefix = f"relayq-test-{uuid.uuid4().hex[:10]}:"
+        self.prefixes.append(prefix)
+        return prefix
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url.replace("redis+socket://", "unix://"))
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    if _port_open("127.0.0.1", 6379):
+        b = Broker(url=f"redis://127.0.0.1:6379/{REDIS_DB}")
+        yield b
+        conn = b.client()
+        for prefix in b.prefixes:
+            keys = list(conn.scan_iter(match=f"{prefix}*", count=1000))
+            if keys:
+                conn.delete(*keys)
+        return
+    home = tmp_path_factory.mktemp("broker")
+    settings = Settings.from_env({"RELAYQ_HOME": str(home)})
+    sock = ensure_embedded_redis(settings)
+    yield Broker(url=f"redis+socket://{sock}")
+    stop_embedded_redis(settings)
+
+
+def _postgres_url(name: str) -> str:
+    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'relayq.db'}"
+        return
+    try:
+        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=2)
+    except psycopg.OperationalError:
+        pytest.skip("no PostgreSQL server at " + PG_ADMIN)
+    name = f"relayq_test_{uuid.uuid4().hex[:12]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _postgres_url(name)
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@dataclass
+class Worker:
+    """A `python -m workers worker` process."""
+
+    env: dict[str, str]
+    logfile: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra: str, ready_timeout: float = 60.0) -> Worker:
+        name = f"test-{uuid.uuid4().hex[:6]}@%h"
+        with self.logfile.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "workers", "worker", "-c", "2", "-n", name,
+                 "--without-mingle", "--without-gossip", *extra],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + ready_timeout
+        while b" ready." not in self.logfile.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start:\n{self.logfile.read_text()[-3000:]}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@dataclass
+class Durable:
+    """One backend's worker and settings; the test side reads the agents' logs."""
+
+    env: dict[str, str]
+    settings: Settings
+    log: Path
+    worker: Worker
+    broker: Broker
+
+    def count(self, kind: str, key: str) -> int:
+        path = self.log / f"{kind}.log"
+        if not path.exists():
+            return 0
+        return sum(1 for line in path.read_text().splitlines() if line == key)
+
+    def db(self) -> Database:
+        return Database(self.settings.database_url)
+
+
+@pytest.fixture(scope="session")
+def durable(
+    broker: Broker, database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Durable]:
+    home = tmp_path_factory.mktemp("home")
+    log = home / "log"
+    env = {
+        **os.environ,
+        "RELAYQ_HOME": str(home),
+        "RELAYQ_DATABASE_URL": database_url,
+        "RELAYQ_BROKER_URL": broker.url,
+        "RELAYQ_KEY_PREFIX": broker.new_prefix(),
+        "RELAYQ_AGENTS": "tests.durable.agents",
+        "RELAYQ_TEST_LOG": str(log),
+        "RELAYQ_RETRY_BASE": "0.02",
+        "RELAYQ_MODEL_RETRIES": "2",
+    }
+    os.environ["RELAYQ_TEST_LOG"] = str(log)
+    worker = Worker(env, home / "worker.log").start()
+    try:
+        yield Durable(env, Settings.from_env(env), log, worker, broker)
+    finally:
+        worker.stop()
+
+
+@pytest.fixture
+async def client(durable: Durable) -> AsyncIterator[DurableClient]:
+    c = DurableClient(settings=durable.settings)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def prompt() -> str:
+    """A prompt no other test uses, so the agents' logs can be counted per test."""
+    return f"prompt {uuid.uuid4().hex}"
+
+
+Eventually = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+def eventually() -> Eventually:
+    """Poll `check` (sync or async) until it returns something truthy, and return that.
+
+    `await eventually(lambda: durable.count("tool", key) == 1, what="the tool to start")`
+    """
+
+    async def poll(
+        check: Callable[[], Any], *, timeout: float = 30.0, what: str = "the condition"
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what} did not happen within {timeout:g} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.2)
+
+    return poll

@@ -1,0 +1,53 @@
+"""Settings from the environment, and the retry backoff they drive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks import Settings
+from tasks.settings import MAX_COUNTDOWN
+from tasks.turns import backoff
+
+
+def test_with_nothing_set_the_store_is_sqlite_and_the_broker_embedded(tmp_path):
+    s = Settings.from_env({"RELAYQ_HOME": str(tmp_path)})
+    assert s.database_url == f"sqlite:///{tmp_path / 'relayq.db'}"
+    assert s.embedded_broker
+    assert s.broker_url == f"redis+socket://{tmp_path / 'redis.sock'}"
+    assert s.broker_options()["broker_transport_options"]["global_keyprefix"] == "relayq:"
+
+
+def test_configured_urls_are_used_as_given():
+    s = Settings.from_env(
+        {
+            "RELAYQ_DATABASE_URL": "postgresql+psycopg://u@h/db",
+            "RELAYQ_BROKER_URL": "redis://h:6379/2",
+            "RELAYQ_KEY_PREFIX": "team-a:",
+        }
+    )
+    assert (s.database_url, s.broker_url, s.embedded_broker) == (
+        "postgresql+psycopg://u@h/db",
+        "redis://h:6379/2",
+        False,
+    )
+    assert s.home == Path(".relayq").resolve()
+
+
+def test_a_turn_time_limit_near_the_visibility_timeout_is_refused():
+    with pytest.raises(ValueError, match="visibility timeout"):
+        Settings.from_env({"RELAYQ_TURN_TIME_LIMIT": "3500"})
+
+
+@pytest.mark.parametrize("attempt", range(8))
+def test_backoff_doubles_with_jitter_and_stays_below_the_ceiling(attempt):
+    delays = [backoff(attempt, None, base=1.0) for _ in range(50)]
+    expected = min(60.0, 2.0**attempt)
+    assert all(expected * 0.5 <= d <= expected for d in delays)
+    assert len(set(delays)) > 1, "jittered"
+
+
+def test_backoff_waits_at_least_the_servers_retry_after_but_never_past_the_ceiling():
+    assert backoff(0, 7.5, base=0.01) >= 7.5
+    assert backoff(0, 10_000, base=0.01) == MAX_COUNTDOWN
