@@ -66,19 +66,29 @@ class ModelError(RelayqError):
     """
 
     def __init__(
-        self, message: str, *, retryable: bool = False, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        status: int | None = None,
     ) -> None:
-        super().__init__(message, retryable, retry_after)
+        super().__init__(message, retryable, retry_after, status)
         self.message = message
         self.retryable = retryable
         self.retry_after = retry_after
+        self.status = status
+        """The HTTP status the provider answered with, if it answered."""
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_model_error, (self.message, self.retryable, self.retry_after))
+        args = (self.message, self.retryable, self.retry_after, self.status)
+        return (_rebuild_model_error, args)
 
     def __str__(self) -> str:
         return self.message
 
 
-def _rebuild_model_error(message: str, retryable: bool, retry_after: float | None) -> ModelError:
-    return ModelError(message, retryable=retryable, retry_after=retry_after)
+def _rebuild_model_error(
+    message: str, retryable: bool, retry_after: float | None, status: int | None
+) -> ModelError:
+    return ModelError(message, retryable=retryable, retry_after=retry_after, status=status)

@@ -47,6 +47,9 @@ class InProcessRequest:
     tools: list[dict[str, Any]]
     """Tools in OpenAI function shape."""
     model: str = "in-process"
+    transcript: list[dict[str, Any]] = Field(default_factory=list)
+    """The same messages with relayq's notes kept (a tool result's error flag, ...),
+    for providers whose wire format has room for them."""
 
 
 Model: TypeAlias = Callable[[InProcessRequest], Awaitable[InProcessResponse]]

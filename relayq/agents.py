@@ -24,6 +24,7 @@ from relayq._model import Generate, Model, as_model
 from relayq._toolkit import Toolkit, create_toolkit
 from relayq._tools import Tool
 from relayq.builtins import BuiltinsConfig
+from relayq.providers import ProviderConfig, ProviderModel
 
 __all__ = ["Agent", "AgentError", "OnExpiry", "get_agent", "load_agents", "registered_agents"]
 
@@ -48,14 +49,16 @@ class Agent:
     """A model with its tools and limits, registered under `name`.
 
     `model` is a `generate(InProcessRequest) -> InProcessResponse` function
-    (sync or async) or any async model callable. Builtins are off unless asked
-    for: a worker is shared infrastructure, and a shell on it is a choice.
+    (sync or async), or a `ProviderConfig` naming an endpoint and the variable
+    that holds its key (so no secret is stored or sent through the broker).
+    Builtins are off unless asked for: a worker is shared infrastructure, and
+    a shell on it is a choice.
     """
 
     def __init__(
         self,
         name: str,
-        model: Generate,
+        model: Generate | ProviderConfig,
         *,
         tools: Sequence[Tool] = (),
         builtins: BuiltinsConfig | None = None,
@@ -72,7 +75,6 @@ class Agent:
         if on_expiry not in ("error", "cancel"):
             raise AgentError(f"agent {name!r}: on_expiry must be 'error' or 'cancel'", name)
         self.name = name
-        self.generate = model
         self.tools = tuple(tools)
         self.builtins = builtins if builtins is not None else BuiltinsConfig.off()
         self.system_prompt = system_prompt
@@ -80,8 +82,18 @@ class Agent:
         self.request_ttl = request_ttl
         self.on_expiry: OnExpiry = on_expiry
         self.base_dir = Path(base_dir) if base_dir is not None else None
-        self.model_name = model_name
-        self.model: Model = as_model(model)
+        self.provider: ProviderModel | None = None
+        if isinstance(model, ProviderConfig):
+            self.provider = ProviderModel(model)
+            self.model: Model = self.provider
+            self.model_name = model.model
+        else:
+            self.model = as_model(model)
+            self.model_name = model_name
+        # Worker turns fail fast on a provider error; the task retries with backoff.
+        self.durable_model: Model = (
+            self.provider.without_retries() if self.provider is not None else self.model
+        )
         self._toolkit: Toolkit | None = None
         if register:
             _register(self)

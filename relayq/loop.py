@@ -145,11 +145,13 @@ async def take_turn(
     if tx.turns_taken(messages) >= max_turns:
         return Turn(status="incomplete", messages=messages)
     _check_cancel(cancel, run_id)
+    full = _with_system(system_prompt, messages)
     reply = await model(
         InProcessRequest(
-            messages=_with_system(system_prompt, tx.for_model(messages)),
+            messages=tx.for_model(full),
             tools=toolkit.to_openai(),
             model=model_name,
+            transcript=full,
         )
     )
     calls = [_call_of(c) for c in reply.tool_calls]

@@ -196,6 +196,8 @@ def expire_requests(
             select(RequestRow)
             .where(RequestRow.status == "open", col(RequestRow.expires_at) <= moment)
             .limit(limit)
+            # A request an answer is being accepted for right now is not overdue.
+            .with_for_update(skip_locked=True)
         ).all()
         for row in due:
             run = s.get(RunRow, row.run_id, with_for_update=True)

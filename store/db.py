@@ -35,7 +35,12 @@ def _sqlite_engine(url: str) -> Engine:
     path = make_url(url).database
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+    engine = create_engine(
+        url,
+        connect_args={"timeout": 30, "check_same_thread": False},
+        pool_size=24,
+        max_overflow=16,
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -64,7 +69,9 @@ class Database:
         if self.url.startswith("sqlite"):
             self.engine = _sqlite_engine(self.url)
         else:
-            self.engine = create_engine(self.url, pool_pre_ping=True, pool_size=10)
+            # Enough pooled connections for every I/O thread of a worker: a
+            # connection opened beyond the pool is closed again after one use.
+            self.engine = create_engine(self.url, pool_pre_ping=True, pool_size=24, max_overflow=16)
         self._writer = self.engine.execution_options(**{_WRITE: True})
 
     @property

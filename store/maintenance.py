@@ -45,8 +45,11 @@ def sweep(
     expired = expire_requests(db, now=moment)
     report.expired = len(expired)
     with db.write() as s:
+        # Locked, skipping rows a turn holds: a turn finishing now is not vanished.
         vanished = s.exec(
-            select(RunRow).where(RunRow.status == "running", col(RunRow.lease_until) < moment)
+            select(RunRow)
+            .where(RunRow.status == "running", col(RunRow.lease_until) < moment)
+            .with_for_update(skip_locked=True)
         ).all()
         for run in vanished:
             run.status = "queued"
@@ -63,9 +66,9 @@ def sweep(
             ).all()
         }
         stale = s.exec(
-            select(RunRow).where(
-                RunRow.status == "queued", col(RunRow.updated_at) < moment - stale_queued
-            )
+            select(RunRow)
+            .where(RunRow.status == "queued", col(RunRow.updated_at) < moment - stale_queued)
+            .with_for_update(skip_locked=True)
         ).all()
         for run in stale:
             if run.id in waiting or run.id in report.requeued:
@@ -73,8 +76,8 @@ def sweep(
             run.updated_at = moment
             report.resent.append(run.id)
             report.outbox.append(enqueue_turn(s, run.id, run.version, label=_label(run)))
-    fresh_ids = {r.id for r in report.outbox}
     report.outbox += expired
+    fresh_ids = {r.id for r in report.outbox}
     report.outbox += [
         r for r in unpublished(db, older_than=outbox_grace, now=moment) if r.id not in fresh_ids
     ]

@@ -9,7 +9,7 @@ so a turn that lost its run writes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -58,6 +58,8 @@ class Claim:
     turns: int
     taken_over: bool = False
     """This delivery took the run over from one whose worker died."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The conversation's transcript as the claim found it."""
 
 
 def _label(run: RunRow) -> str:
@@ -140,6 +142,7 @@ def claim_turn(
             attempts=run.attempts,
             turns=run.turns,
             taken_over=taken_over,
+            messages=_conversation(s, run.conversation_id),
         )
 
 
@@ -193,11 +196,15 @@ def _write_messages(
             row.role = str(body.get("role"))
 
 
-def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> None:
-    """Keep the model's reply (the last message) before any of its tools run."""
+def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> bool:
+    """Keep the model's reply (the last message) before any of its tools run.
+
+    Returns whether the run has been asked to cancel meanwhile.
+    """
     with db.write() as s:
         run = _hold(s, claim)
         _write_messages(s, run, messages[:-1], messages)
+        return run.cancel_requested
 
 
 def ledger_get(
@@ -214,9 +221,11 @@ def ledger_get(
 
 def ledger_put(
     db: Database, run_id: str, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
-) -> None:
+) -> bool:
+    """Record a finished tool call; returns whether the run has been asked to cancel."""
     kind = "request" if isinstance(outcome, Request) else "result"
     with db.write() as s:
+        run = s.get(RunRow, run_id)
         if s.get(LedgerRow, (run_id, at, call_id, attempt)) is None:
             s.add(
                 LedgerRow(
@@ -228,6 +237,7 @@ def ledger_put(
                     created_at=utcnow(),
                 )
             )
+        return run is None or run.cancel_requested
 
 
 def cancel_requested(db: Database, run_id: str) -> bool:

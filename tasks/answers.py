@@ -9,7 +9,13 @@ from store.outbox import ANSWER_QUEUE, ANSWER_TASK
 from tasks.publish import publish
 from tasks.runtime import Runtime
 
-__all__ = ["submit_answer"]
+__all__ = ["apply_answer", "submit_answer"]
+
+
+async def apply_answer(rt: Runtime, request_id: str) -> str:
+    outbox = await rt.io(apply_answer_of, rt.db, request_id)
+    await rt.io(publish, rt.sender, rt.db, outbox)
+    return "resumed" if outbox else "skipped: already applied or run not pending"
 
 
 @shared_task(
@@ -17,7 +23,5 @@ __all__ = ["submit_answer"]
 )
 def submit_answer(self: Task, request_id: str) -> str:
     """Apply the stored answer of `request_id`; a second delivery finds it applied and stops."""
-    rt = Runtime.current()
-    outbox = apply_answer_of(rt.db, request_id)
-    publish(self.app, rt.db, outbox)
-    return "resumed" if outbox else "skipped: already applied or run not pending"
+    rt = Runtime.current(self.app)
+    return str(rt.submit(apply_answer(rt, request_id)))

@@ -13,19 +13,28 @@ from tasks.runtime import Runtime
 __all__ = ["cancel_run", "sweep"]
 
 
-@shared_task(name=SWEEP_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)
-def sweep(self: Task) -> str:
-    """Re-send lost messages, re-queue runs whose worker vanished, expire overdue requests."""
-    rt = Runtime.current()
-    report = sweep_store(rt.db)
-    sent = publish(self.app, rt.db, report.outbox)
+async def _sweep(rt: Runtime) -> str:
+    report = await rt.io(sweep_store, rt.db)
+    sent = await rt.io(publish, rt.sender, rt.db, report.outbox)
     return (
         f"sent {sent}, requeued {len(report.requeued)}, resent {len(report.resent)}, "
         f"expired {report.expired}"
     )
 
 
+async def _cancel(rt: Runtime, run_id: str) -> str:
+    return await rt.io(cancel_stored_run, rt.db, run_id)
+
+
+@shared_task(name=SWEEP_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)
+def sweep(self: Task) -> str:
+    """Re-send lost messages, re-queue runs whose worker vanished, expire overdue requests."""
+    rt = Runtime.current(self.app)
+    return str(rt.submit(_sweep(rt)))
+
+
 @shared_task(name=CANCEL_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)
 def cancel_run(self: Task, run_id: str) -> str:
     """Cancel a run: at once if it waits, at its next turn or tool boundary if it runs."""
-    return cancel_stored_run(Runtime.current().db, run_id)
+    rt = Runtime.current(self.app)
+    return str(rt.submit(_cancel(rt, run_id)))

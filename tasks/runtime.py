@@ -1,18 +1,23 @@
-"""What one worker process holds: the store, its agents, and an event loop for turns.
+"""What one worker process holds: the store, its agents, an event loop and a few I/O threads.
 
-Turns are coroutines (`relayq.loop.take_turn`); the loop runs in a thread of
-its own for the life of the process, so connections a model or a tool opens
-are reused from turn to turn. Built lazily, once per process: a forked
-child builds its own.
+Turns are coroutines (`relayq.loop.take_turn`) on one event loop per process,
+so hundreds of model calls wait at once without a thread each. The store's
+calls are blocking, so they go to a small thread pool shared by every turn.
+Under the asyncio pool (`workers.aio`) a task body only *defers* its
+coroutine and the pool acknowledges the message when the coroutine ends;
+under a classic pool the body runs the coroutine on the loop and waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
-from collections.abc import Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
 
 from celery import Celery
 
@@ -21,22 +26,59 @@ from store import Database, migrate
 from tasks.publish import sender_app
 from tasks.settings import Settings
 
-__all__ = ["LoopThread", "Runtime"]
+__all__ = ["LoopThread", "Runtime", "defer", "deferring"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+_local = threading.local()
+
+
+@contextmanager
+def deferring() -> Iterator[list[Coroutine[Any, Any, Any]]]:
+    """While open, `defer` hands coroutines to the caller (the asyncio pool) instead."""
+    _local.slot = []
+    try:
+        yield _local.slot
+    finally:
+        _local.slot = None
+
+
+def defer(work: Coroutine[Any, Any, Any]) -> bool:
+    """Leave `work` for the asyncio pool to run; False when no such pool is calling."""
+    slot: list[Coroutine[Any, Any, Any]] | None = getattr(_local, "slot", None)
+    if slot is None:
+        return False
+    slot.append(work)
+    return True
 
 
 class LoopThread:
-    """An asyncio loop in a daemon thread; `run` submits a coroutine and waits for it."""
+    """An asyncio loop in a daemon thread: one per process (`shared()`)."""
 
-    def __init__(self) -> None:
+    _shared: LoopThread | None = None
+    _pid: int | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, io_threads: int = 8) -> None:
         self.loop = asyncio.new_event_loop()
+        self.executor = ThreadPoolExecutor(io_threads, thread_name_prefix="relayq-io")
+        self.loop.set_default_executor(self.executor)
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="relayq-loop", daemon=True
         )
         self._thread.start()
 
+    @classmethod
+    def shared(cls, io_threads: int = 8) -> LoopThread:
+        with cls._lock:
+            if cls._shared is None or cls._pid != os.getpid():
+                cls._shared = LoopThread(io_threads)
+                cls._pid = os.getpid()
+            return cls._shared
+
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coro` on the loop and wait for it (from any thread but the loop's)."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
@@ -46,6 +88,8 @@ class LoopThread:
 
 
 class Runtime:
+    """The process's store, agents, loop and sender; built once per process."""
+
     _current: Runtime | None = None
     _pid: int | None = None
     _lock = threading.Lock()
@@ -57,8 +101,22 @@ class Runtime:
         if settings.agents:
             load_agents(settings.agents)
         self.agents: Mapping[str, Agent] = agents if agents is not None else registered_agents()
-        self.loop = LoopThread()
+        # SQLite takes one writer at a time: more threads would only queue on its
+        # lock, in sleeps. PostgreSQL serves many.
+        self.loop = LoopThread.shared(2 if self.db.is_sqlite else 16)
+        self.app: Celery | None = None
+        """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
+
+    @classmethod
+    def current(cls, app: Celery | None = None) -> Runtime:
+        with cls._lock:
+            if cls._current is None or cls._pid != os.getpid():
+                cls._current = Runtime(Settings.from_env())
+                cls._pid = os.getpid()
+            if app is not None:
+                cls._current.app = app
+            return cls._current
 
     def agent(self, name: str) -> Agent:
         agent = self.agents.get(name)
@@ -73,15 +131,21 @@ class Runtime:
 
     @property
     def sender(self) -> Celery:
-        """An app to send messages with when no task (and so no worker app) is at hand."""
+        """The app to send messages with: the worker's, or a sender of our own."""
+        if self.app is not None:
+            return self.app
         if self._sender is None:
             self._sender = sender_app(self.settings)
         return self._sender
 
-    @classmethod
-    def current(cls) -> Runtime:
-        with cls._lock:
-            if cls._current is None or cls._pid != os.getpid():
-                cls._current = Runtime(Settings.from_env())
-                cls._pid = os.getpid()
-            return cls._current
+    async def io(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a blocking call (the store, the broker) on the I/O threads."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(fn, *args, **kwargs)
+        )
+
+    def submit(self, work: Coroutine[Any, Any, T]) -> T | str:
+        """Defer `work` to the asyncio pool, or run it here and wait."""
+        if defer(work):
+            return "deferred"
+        return self.loop.run(work)

@@ -10,6 +10,8 @@
 | `RELAYQ_TURN_TIME_LIMIT` | `600` | seconds one turn may take before it is stopped |
 | `RELAYQ_MODEL_RETRIES` | `5` | retries of a failing model call before the run fails |
 | `RELAYQ_RETRY_BASE` | `1.0` | first retry's backoff in seconds; doubles, up to 60 |
+| `RELAYQ_POOL` | `asyncio` | `asyncio` (many turns per process), `prefork`, `threads` |
+| `RELAYQ_CONCURRENCY` | 500 (asyncio), CPUs (others) | turns one worker process runs at once |
 """
 
 from __future__ import annotations
@@ -21,13 +23,30 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_COUNTDOWN", "Settings"]
+from kombu import Exchange, Queue
+
+from relayq._retry import MAX_DELAY
+from store.outbox import (
+    ANSWER_QUEUE,
+    ANSWER_TASK,
+    CANCEL_TASK,
+    MAINTENANCE_QUEUE,
+    SWEEP_TASK,
+    TURN_QUEUE,
+    TURN_TASK,
+)
+
+__all__ = ["MAX_COUNTDOWN", "QUEUES", "Settings"]
 
 # Redis redelivers a message not acknowledged within the visibility timeout.
 # Every time limit and every retry countdown stays well below it, or a slow
 # turn would run twice.
 VISIBILITY_TIMEOUT = 3600.0
-MAX_COUNTDOWN = 300.0
+MAX_COUNTDOWN = MAX_DELAY
+
+# Separate queues: answers and maintenance never wait behind a backlog of
+# turns, and each can get its own workers.
+QUEUES = (TURN_QUEUE, ANSWER_QUEUE, MAINTENANCE_QUEUE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +61,8 @@ class Settings:
     turn_time_limit: float
     model_retries: int
     retry_base: float
+    pool: str
+    concurrency: int | None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -58,6 +79,8 @@ class Settings:
             turn_time_limit=float(env.get("RELAYQ_TURN_TIME_LIMIT", "600")),
             model_retries=int(env.get("RELAYQ_MODEL_RETRIES", "5")),
             retry_base=float(env.get("RELAYQ_RETRY_BASE", "1.0")),
+            pool=env.get("RELAYQ_POOL", "asyncio"),
+            concurrency=int(env["RELAYQ_CONCURRENCY"]) if env.get("RELAYQ_CONCURRENCY") else None,
         )
         if settings.turn_time_limit + 120 >= VISIBILITY_TIMEOUT:
             raise ValueError(
@@ -83,6 +106,15 @@ class Settings:
             "broker_transport_options": {
                 "visibility_timeout": VISIBILITY_TIMEOUT,
                 "global_keyprefix": self.key_prefix,
+            },
+            # Each queue on its own exchange and key: a message reaches one queue only.
+            "task_queues": tuple(Queue(q, Exchange(q), routing_key=q) for q in QUEUES),
+            "task_default_queue": TURN_QUEUE,
+            "task_routes": {
+                TURN_TASK: {"queue": TURN_QUEUE},
+                ANSWER_TASK: {"queue": ANSWER_QUEUE},
+                CANCEL_TASK: {"queue": MAINTENANCE_QUEUE},
+                SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
             },
             "task_serializer": "json",
             "accept_content": ["json"],

@@ -1,31 +1,32 @@
 """`relayq.run_turn`: one model turn of one run, claimed, run and persisted.
 
-claim (compare-and-swap on the run's version)
-  -> take_turn (the model's reply is saved before any tool runs; each
-     finished tool call goes to the ledger)
-  -> one transaction: the turn's messages, the run's new state, and the
-     next message in the outbox
-  -> publish the outbox
+    claim (compare-and-swap on the run's version)
+      -> take_turn (the model's reply is saved before any tool runs; each
+         finished tool call goes to the ledger)
+      -> one transaction: the turn's messages, the run's new state, and the
+         next message in the outbox
+      -> publish the outbox
+
+The turn is a coroutine on the process's event loop; see `tasks.runtime`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Task, shared_task
-from celery.exceptions import SoftTimeLimitExceeded
 
 from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult
+from relayq._retry import backoff
 from relayq.agents import Agent, AgentError
 from relayq.loop import Journal, Turn, take_turn
 from relayq.relay import relay_calls_of
 from store import (
     Claim,
     StaleClaim,
-    cancel_requested,
     claim_turn,
     fail_run,
     finish_cancelled,
@@ -35,14 +36,12 @@ from store import (
     list_requests,
     retry_turn,
     save_reply,
-    transcript,
 )
 from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
 from tasks.publish import publish
 from tasks.runtime import Runtime
-from tasks.settings import MAX_COUNTDOWN
 
-__all__ = ["TurnFailed", "backoff", "run_turn"]
+__all__ = ["TaskRef", "TurnFailed", "drive_turn", "run_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -59,42 +58,49 @@ class TurnFailed(RelayqError):
         return f"run {self.run_id} failed: {self.error}"
 
 
-def backoff(attempt: int, retry_after: float | None, *, base: float) -> float:
-    """Exponential backoff with jitter, at least the server's Retry-After, below the ceiling."""
-    delay = min(60.0, base * 2**attempt) * random.uniform(0.5, 1.0)
-    if retry_after is not None:
-        delay = max(delay, retry_after)
-    return min(delay, MAX_COUNTDOWN)
+@dataclass(frozen=True)
+class TaskRef:
+    """The Celery task and the request it serves, kept past the task body's return."""
+
+    task: Task
+    request: Any
+
+    @property
+    def id(self) -> str:
+        return str(self.request.id)
 
 
 class StoreJournal(Journal):
-    """The turn's progress in the store: the reply before tools, each tool outcome after it."""
+    """The turn's progress in the store: the reply before tools, each tool outcome after it.
+
+    It is also the turn's cancel flag: every write reads the run's flag in the
+    same transaction, so boundaries see a cancel without a query of their own.
+    """
 
     def __init__(self, rt: Runtime, claim: Claim) -> None:
         self.rt = rt
         self.claim = claim
+        self.cancelled = False
+        self._fresh: int | None = None
+
+    def is_set(self) -> bool:
+        return self.cancelled
 
     async def model_replied(self, messages: list[dict[str, Any]]) -> None:
-        save_reply(self.rt.db, self.claim, messages)
+        self.cancelled = await self.rt.io(save_reply, self.rt.db, self.claim, messages)
+        self._fresh = len(messages) - 1
 
     async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
-        return ledger_get(self.rt.db, self.claim.run_id, at, call_id, attempt)
+        if at == self._fresh and not attempt:
+            return None  # the reply was made in this very turn: nothing can be recorded yet
+        return await self.rt.io(ledger_get, self.rt.db, self.claim.run_id, at, call_id, attempt)
 
     async def record(
         self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
     ) -> None:
-        ledger_put(self.rt.db, self.claim.run_id, at, call_id, attempt, outcome)
-
-
-@dataclass(frozen=True)
-class CancelFlag:
-    """The run's cancel flag in the store, read at each turn and tool boundary."""
-
-    rt: Runtime
-    run_id: str
-
-    def is_set(self) -> bool:
-        return cancel_requested(self.rt.db, self.run_id)
+        self.cancelled = await self.rt.io(
+            ledger_put, self.rt.db, self.claim.run_id, at, call_id, attempt, outcome
+        )
 
 
 def _missing_relay_tools(rt: Runtime, claim: Claim, relay_names: frozenset[str]) -> list[str]:
@@ -108,43 +114,48 @@ async def _turn(rt: Runtime, claim: Claim, agent: Agent) -> tuple[Turn, list[dic
     toolkit = await agent.toolkit()
     digest = toolkit.digest()
     if claim.tools_digest not in (None, digest):
-        missing = _missing_relay_tools(rt, claim, toolkit.relay_names)
+        missing = await rt.io(_missing_relay_tools, rt, claim, toolkit.relay_names)
         if missing:
             raise AgentError(
                 f"agent {agent.name!r} no longer declares relay tool(s) {', '.join(missing)} "
                 f"that run {claim.run_id} used; it cannot resume",
                 agent.name,
             )
-    before = transcript(rt.db, claim.conversation_id)
-    turn = await take_turn(
-        before,
-        toolkit,
-        agent.model,
-        run_id=claim.run_id,
-        max_turns=agent.max_turns,
-        system_prompt=agent.system_prompt,
-        model_name=agent.model_name,
-        journal=StoreJournal(rt, claim),
-        cancel=CancelFlag(rt, claim.run_id),
-    )
+    before = claim.messages
+    journal = StoreJournal(rt, claim)
+    async with asyncio.timeout(rt.settings.turn_time_limit):
+        turn = await take_turn(
+            before,
+            toolkit,
+            agent.durable_model,
+            run_id=claim.run_id,
+            max_turns=agent.max_turns,
+            system_prompt=agent.system_prompt,
+            model_name=agent.model_name,
+            journal=journal,
+            cancel=journal,
+        )
     return turn, before, digest
 
 
-def drive_turn(rt: Runtime, task: Task | None, run_id: str, version: int) -> str:
-    """Run one turn; returns what happened, in a word or two, for Flower."""
-    task_id = task.request.id if task is not None else None
-    claim = claim_turn(rt.db, run_id, version, task_id=task_id, lease=rt.settings.lease)
+async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> str:
+    """Run one turn; returns what happened, in a few words, for Flower."""
+    task_id = task.id if task is not None else None
+    claim = await rt.io(
+        claim_turn, rt.db, run_id, version, task_id=task_id, lease=rt.settings.lease
+    )
     if claim is None:
         return "skipped: stale or duplicate message"
     if claim.taken_over and claim.attempts > rt.settings.model_retries:
         # The turn keeps killing its worker (or outliving the hard time limit).
         error = f"the worker died {claim.attempts} times running this turn; giving up"
-        fail_run(rt.db, claim, error)
+        await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(run_id, error)
     try:
         agent = rt.agent(claim.agent)
-        turn, before, digest = rt.loop.run(_turn(rt, claim, agent))
-        outbox = finish_turn(
+        turn, before, digest = await _turn(rt, claim, agent)
+        outbox = await rt.io(
+            finish_turn,
             rt.db,
             claim,
             before,
@@ -156,42 +167,46 @@ def drive_turn(rt: Runtime, task: Task | None, run_id: str, version: int) -> str
     except StaleClaim:
         return "skipped: lost the claim"
     except RunCancelled:
-        finish_cancelled(rt.db, claim)
+        await rt.io(finish_cancelled, rt.db, claim)
         return "cancelled"
-    except (ModelError, SoftTimeLimitExceeded) as exc:
-        return _retry_or_fail(rt, task, claim, exc)
+    except (ModelError, TimeoutError) as exc:
+        return await _retry_or_fail(rt, task, claim, exc)
     except Exception as exc:
         error = _describe(exc)
-        fail_run(rt.db, claim, error)
+        await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(run_id, error) from None
-    publish(task.app if task is not None else rt.sender, rt.db, outbox)
+    await rt.io(publish, rt.sender, rt.db, outbox)
     return turn.status
 
 
-def _retry_or_fail(rt: Runtime, task: Task | None, claim: Claim, exc: BaseException) -> str:
-    retryable = isinstance(exc, SoftTimeLimitExceeded) or (
-        isinstance(exc, ModelError) and exc.retryable
-    )
+async def _retry_or_fail(rt: Runtime, task: TaskRef | None, claim: Claim, exc: Exception) -> str:
+    retryable = isinstance(exc, TimeoutError) or (isinstance(exc, ModelError) and exc.retryable)
     error = _describe(exc)
     if retryable and claim.attempts >= rt.settings.model_retries:
         error = f"gave up after {claim.attempts + 1} tries: {error}"
         retryable = False
     if not retryable:
-        fail_run(rt.db, claim, error)
+        await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(claim.run_id, error) from None
     retry_after = exc.retry_after if isinstance(exc, ModelError) else None
     countdown = backoff(claim.attempts, retry_after, base=rt.settings.retry_base)
-    row = retry_turn(rt.db, claim, error=error, countdown=countdown)
+    row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown)
     if task is None:
-        publish(rt.sender, rt.db, [row])
-        return "retrying"
-    # A Celery retry, so Flower shows it as one; the outbox row covers a lost send.
-    retry = task.retry(args=row.args, countdown=countdown, max_retries=None, throw=False)
-    mark_published(rt.db, [row])
-    raise retry
+        await rt.io(publish, rt.sender, rt.db, [row])
+    else:
+        # Re-sent as a retry of the same task (same id, retries + 1), as Celery's own
+        # retry does; the outbox row stands in case this send is lost.
+        retry = task.task.signature_from_request(
+            task.request, row.args, {}, countdown=countdown, retries=task.request.retries + 1
+        )
+        await rt.io(retry.apply_async)
+        await rt.io(mark_published, rt.db, [row])
+    return f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}"
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "the turn ran out of time"
     text = str(exc) or type(exc).__name__
     return text if isinstance(exc, RelayqError) else f"{type(exc).__name__}: {text}"
 
@@ -201,4 +216,5 @@ def _describe(exc: BaseException) -> str:
 )
 def run_turn(self: Task, run_id: str, version: int) -> str:
     """One model turn of run `run_id`, if the run is still at `version`."""
-    return drive_turn(Runtime.current(), self, run_id, version)
+    rt = Runtime.current(self.app)
+    return str(rt.submit(drive_turn(rt, TaskRef(self, self.request), run_id, version)))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from relayq._retry import backoff
 from tasks import Settings
 from tasks.settings import MAX_COUNTDOWN
-from tasks.turns import backoff
 
 
 def test_with_nothing_set_the_store_is_sqlite_and_the_broker_embedded(tmp_path):

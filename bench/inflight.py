@@ -1,0 +1,272 @@
+"""How many model calls one worker keeps in flight: durable turns per second against the ideal.
+
+    python -m bench.inflight                      # 500 runs of 5 turns, 1 s model latency
+    python -m bench.inflight --runs 200 --latency 0.5 --pools asyncio,threads
+
+A local model server answers every call after a fixed latency. N runs start
+at once against ONE worker process (Redis broker, SQLite store). With all N
+in flight the ideal is N / latency turns per second; the table shows what
+each pool achieved, as a share of that ideal, and the worker's peak memory.
+Pools other than asyncio hold a process or a thread per turn, so they get
+their own, smaller N (`--classic-runs`), and the ratio is still to their ideal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import func
+from sqlmodel import col, select
+
+from store import RunRow
+from tasks import DurableClient, Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_ADMIN = os.environ.get("RELAYQ_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@dataclass
+class Outcome:
+    store: str
+    pool: str
+    concurrency: int
+    runs: int
+    turns: int
+    seconds: float
+    peak_rss_mb: float
+    failed: int
+
+    def turns_per_second(self) -> float:
+        return self.turns / self.seconds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_url() -> str:
+    """The machine's Redis on its own db number, or "" for the embedded broker."""
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.3):
+            return "redis://127.0.0.1:6379/14"
+    except OSError:
+        return ""
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children, in MiB."""
+    total = 0
+    pids = [pid]
+    try:
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+        pids += [int(p) for p in children.split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+class Sampler(threading.Thread):
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = 0.0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.peak = max(self.peak, rss_mb(self.pid))
+
+
+def start_worker(
+    env: dict[str, str], pool: str, concurrency: int, log: Path
+) -> subprocess.Popen[bytes]:
+    env = env | {"RELAYQ_POOL": pool, "RELAYQ_CONCURRENCY": str(concurrency)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers", "worker", "--loglevel", "INFO",
+             "--without-mingle", "--without-gossip", "-n", f"bench-{pool}@%h"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    return proc
+
+
+async def measure(
+    env: dict[str, str], pool: str, concurrency: int, runs: int, turns: int, home: Path
+) -> Outcome:
+    settings = Settings.from_env(env)
+    client = DurableClient(settings=settings)
+    log = home / f"worker-{pool}.log"
+    worker = start_worker(env, pool, concurrency, log)
+    sampler = Sampler(worker.pid)
+    try:
+        await asyncio.to_thread(_wait_ready, log, worker)
+        sampler.start()
+        started = time.perf_counter()
+        ids = await asyncio.gather(*(client.start("bench", f"job {i}") for i in range(runs)))
+        failed = await _wait_all(client, set(ids))
+        seconds = time.perf_counter() - started
+    finally:
+        sampler.stop.set()
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+        client.close()
+    store = "postgresql" if "postgresql" in env["RELAYQ_DATABASE_URL"] else "sqlite"
+    return Outcome(store, pool, concurrency, runs, runs * turns, seconds, sampler.peak, failed)
+
+
+def _wait_ready(log: Path, worker: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while b"ready." not in log.read_bytes():
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"worker did not start:\n{log.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+async def _wait_all(client: DurableClient, ids: set[str]) -> int:
+    """Wait until no run is queued or running; returns how many did not end `done`."""
+
+    def count(statuses: tuple[str, ...]) -> int:
+        with client.db.read() as s:
+            query = (
+                select(func.count())
+                .select_from(RunRow)
+                .where(col(RunRow.id).in_(ids), col(RunRow.status).in_(statuses))
+            )
+            return int(s.exec(query).one())
+
+    while await asyncio.to_thread(count, ("queued", "running")):  # noqa: ASYNC110 (polls a database)
+        await asyncio.sleep(0.1)
+    return len(ids) - await asyncio.to_thread(count, ("done",))
+
+
+def postgres_url(name: str) -> str | None:
+    """A fresh PostgreSQL database for the run, if a server answers; dropped by `drop_postgres`."""
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=2) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            admin.execute(f'CREATE DATABASE "{name}"')
+    except Exception:
+        return None
+    return PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + "/" + name
+
+
+def drop_postgres(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=2) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = parser.add_argument
+    add("--runs", type=int, default=500, help="runs started at once (asyncio pool)")
+    add("--classic-runs", type=int, default=40, help="runs for the prefork/threads pools")
+    add("--turns", type=int, default=5, help="model turns per run")
+    add("--latency", type=float, default=1.0, help="seconds the model takes per call")
+    add("--pools", default="asyncio,prefork", help="pools to compare, comma-separated")
+    add("--stores", default="sqlite,postgresql", help="stores to compare, comma-separated")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    home = Path(tempfile.mkdtemp(prefix="rq-bench-"))
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.model_server", "--port", str(port),
+         "--latency", str(args.latency), "--turns", str(args.turns)],
+        cwd=ROOT,
+    )  # fmt: skip
+    results = []
+    try:
+        time.sleep(1.5)
+        for store in args.stores.split(","):
+            for pool in args.pools.split(","):
+                results += one(args, home / f"{store}-{pool}", store, pool, port)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    print_table(results, args.latency)
+
+
+def one(args: argparse.Namespace, home: Path, store: str, pool: str, port: int) -> list[Outcome]:
+    runs = args.runs if pool == "asyncio" else args.classic_runs
+    concurrency = runs if pool in ("asyncio", "threads") else (os.cpu_count() or 2)
+    home.mkdir(parents=True)
+    name = f"relayq_bench_{os.getpid()}_{pool}"
+    url = f"sqlite:///{home / 'relayq.db'}" if store == "sqlite" else postgres_url(name)
+    if url is None:
+        print(f"skipping {store}: no server", file=sys.stderr)
+        return []
+    env = {
+        **os.environ,
+        "RELAYQ_HOME": str(home),
+        "RELAYQ_DATABASE_URL": url,
+        "RELAYQ_KEY_PREFIX": f"relayq-bench-{home.name}-{os.getpid()}:",
+        "RELAYQ_AGENTS": "bench.agents",
+        "RELAYQ_BENCH_MODEL_URL": f"http://127.0.0.1:{port}/v1",
+        "RELAYQ_BENCH_KEY": "bench-key",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    broker = redis_url()
+    if broker:
+        env["RELAYQ_BROKER_URL"] = broker
+    try:
+        return [asyncio.run(measure(env, pool, concurrency, runs, args.turns, home))]
+    finally:
+        if store != "sqlite":
+            drop_postgres(name)
+
+
+def print_table(results: list[Outcome], latency: float) -> None:
+    print(
+        f"\none worker process, {os.cpu_count()} cores, model latency {latency:g} s; "
+        "ideal = runs in flight / latency\n"
+    )
+    print("| store | pool | in flight | runs | turns | seconds | turns/s | ideal | % of ideal "
+          "| peak RSS MiB | not done |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        ideal = min(r.runs, r.concurrency) / latency
+        rate = r.turns_per_second()
+        print(
+            f"| {r.store} | {r.pool} | {r.concurrency} | {r.runs} | {r.turns} | {r.seconds:.1f} "
+            f"| {rate:.1f} | {ideal:.0f} | {100 * rate / ideal:.0f}% | {r.peak_rss_mb:.0f} "
+            f"| {r.failed} |"
+        )
+    for store in dict.fromkeys(r.store for r in results):
+        mine = {r.pool: r for r in results if r.store == store}
+        if "asyncio" in mine:
+            for pool, other in mine.items():
+                if pool != "asyncio":
+                    ratio = mine["asyncio"].turns_per_second() / other.turns_per_second()
+                    print(f"\n{store}: asyncio pool / {pool} pool, turns per second: {ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""One store suite, two databases: a fresh SQLite file per test, and PostgreSQL when it answers.
+
+PostgreSQL: a database `relayq_store_test_<hex>` is created and migrated once
+per session, every relayq table is emptied before and after each test, and
+the database is dropped at the end. Without a server on 127.0.0.1:5432 (or
+`RELAYQ_TEST_POSTGRES`), the postgresql half of the suite is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlmodel import SQLModel
+
+from store import Database, migrate
+
+PG_ADMIN = os.environ.get("RELAYQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+RELAYQ_TABLES = [t.name for t in SQLModel.metadata.sorted_tables if t.name.startswith("relayq_")]
+
+
+def _postgres_url(name: str) -> str:
+    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str | None]:
+    """A migrated database of this session only, or None when no server answers."""
+    try:
+        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=2)
+    except psycopg.OperationalError:
+        yield None
+        return
+    name = f"relayq_store_test_{uuid.uuid4().hex[:12]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = _postgres_url(name)
+        db = Database(url)
+        try:
+            migrate(db)
+        finally:
+            db.dispose()
+        yield url
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@contextmanager
+def _sqlite(folder: Path) -> Iterator[Database]:
+    db = Database(f"sqlite:///{folder / 'relayq.db'}")
+    try:
+        migrate(db)
+        yield db
+    finally:
+        db.dispose()
+
+
+def _empty(db: Database) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(RELAYQ_TABLES)} RESTART IDENTITY"))
+
+
+@contextmanager
+def _postgres(request: pytest.FixtureRequest) -> Iterator[Database]:
+    url = request.getfixturevalue("postgres_url")
+    if url is None:
+        pytest.skip(f"no PostgreSQL server at {PG_ADMIN}")
+    db = Database(url)
+    try:
+        _empty(db)
+        yield db
+    finally:
+        _empty(db)
+        db.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """A migrated, empty store, on each database in turn."""
+    with _sqlite(tmp_path) if request.param == "sqlite" else _postgres(request) as database:
+        yield database
+
+
+@pytest.fixture
+def pg(request: pytest.FixtureRequest) -> Iterator[Database]:
+    """A migrated, empty store on PostgreSQL, for what only PostgreSQL can show."""
+    with _postgres(request) as database:
+        yield database

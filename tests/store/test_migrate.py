@@ -1,0 +1,53 @@
+"""Rule 1: the schema comes from the migrations, and they match the models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, text
+from sqlmodel import SQLModel
+
+from store import Database, get_run, migrate
+
+from .driver import start
+
+
+def schema_of(db: Database) -> dict[str, Any]:
+    inspector = inspect(db.engine)
+    return {
+        table: (
+            [(c["name"], str(c["type"]), c["nullable"]) for c in inspector.get_columns(table)],
+            sorted(
+                (i["name"] or "", tuple(i["column_names"])) for i in inspector.get_indexes(table)
+            ),
+            inspector.get_pk_constraint(table)["constrained_columns"],
+        )
+        for table in sorted(inspector.get_table_names())
+    }
+
+
+def revision_of(db: Database) -> list[str]:
+    with db.engine.connect() as conn:
+        return [r[0] for r in conn.execute(text("SELECT version_num FROM alembic_version"))]
+
+
+def test_migrating_a_migrated_database_again_changes_nothing(db: Database):
+    start(db)
+    schema, revision = schema_of(db), revision_of(db)
+
+    migrate(db)
+    migrate(db)
+
+    assert schema_of(db) == schema
+    assert revision_of(db) == revision == ["0001"]
+    assert get_run(db, "run_1").status == "queued", "the data survived"
+
+
+def test_the_migrations_build_exactly_the_tables_the_models_describe(db: Database):
+    with db.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        drift = compare_metadata(context, SQLModel.metadata)
+
+    assert drift == []
