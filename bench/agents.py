@@ -6,16 +6,28 @@ The server (`bench.model_server`) asks for the `step` tool until a run has taken
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
-from relayq import Agent, ToolContext, define_tool
+from relayq import (
+    Agent,
+    InProcessRequest,
+    InProcessResponse,
+    InProcessToolCall,
+    ToolContext,
+    define_tool,
+)
 from relayq.providers import ProviderConfig
 
 
 def step(args: dict[str, Any], ctx: ToolContext) -> str:
     return f"step {args.get('n', 0)} done"
 
+
+STEP = define_tool(
+    "step", "take one step", {"type": "object", "properties": {"n": {"type": "integer"}}}, step
+)
 
 bench = Agent(
     "bench",
@@ -26,13 +38,20 @@ bench = Agent(
         api_key_env="RELAYQ_BENCH_KEY",
         timeout=60,
     ),
-    tools=[
-        define_tool(
-            "step",
-            "take one step",
-            {"type": "object", "properties": {"n": {"type": "integer"}}},
-            step,
-        )
-    ],
+    tools=[STEP],
     max_turns=50,
 )
+
+
+async def local_model(req: InProcessRequest) -> InProcessResponse:
+    """The model server's behaviour without HTTP: to tell the transport's cost from the rest."""
+    done = sum(1 for m in req.messages if m["role"] == "tool")
+    await asyncio.sleep(float(os.environ.get("RELAYQ_BENCH_LATENCY", "1.0")))
+    if done < int(os.environ.get("RELAYQ_BENCH_TURNS", "5")) - 1:
+        return InProcessResponse(
+            tool_calls=[InProcessToolCall(id=f"call_{done}", name="step", arguments={"n": done})]
+        )
+    return InProcessResponse(content=f"finished after {done} steps")
+
+
+bench_local = Agent("bench-local", local_model, tools=[STEP], max_turns=50)

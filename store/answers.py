@@ -188,7 +188,17 @@ def apply_answer_of(db: Database, request_id: str) -> list[OutboxRow]:
 def expire_requests(
     db: Database, *, now: datetime | None = None, limit: int = 500
 ) -> list[OutboxRow]:
-    """Expire overdue open requests: the run goes on with error results, or is cancelled."""
+    """Expire overdue open requests: the run goes on with error results, or is cancelled.
+
+    Returns the answer tasks to send.
+    """
+    return expire_and_count(db, now=now, limit=limit)[0]
+
+
+def expire_and_count(
+    db: Database, *, now: datetime | None = None, limit: int = 500
+) -> tuple[list[OutboxRow], int]:
+    """`expire_requests`, and how many requests it expired (cancelled runs send nothing)."""
     moment = now or utcnow()
     outbox: list[OutboxRow] = []
     with db.write() as s:
@@ -216,7 +226,7 @@ def expire_requests(
             row.answered_at = moment
             row.answered_by = "relayq:expiry"
             outbox.append(enqueue_answer(s, row.id, row.run_id))
-    return outbox
+    return outbox, len(due)
 
 
 def cancel_run(db: Database, run_id: str) -> str:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from sqlmodel import col, select
 
-from store.answers import expire_requests
+from store.answers import expire_and_count
 from store.db import Database
 from store.models import OutboxRow, RunRow, utcnow
 from store.outbox import enqueue_turn, unpublished
@@ -42,8 +42,7 @@ def sweep(
 ) -> SweepReport:
     moment = now or utcnow()
     report = SweepReport()
-    expired = expire_requests(db, now=moment)
-    report.expired = len(expired)
+    expired, report.expired = expire_and_count(db, now=moment)
     with db.write() as s:
         # Locked, skipping rows a turn holds: a turn finishing now is not vanished.
         vanished = s.exec(
@@ -54,6 +53,7 @@ def sweep(
         for run in vanished:
             run.status = "queued"
             run.version += 1
+            run.attempts += 1  # its worker died holding it: that try counts
             run.claimed_by = None
             run.lease_until = None
             run.updated_at = moment

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
 
 from relayq import Request, ResumeError, RunResult, ToolResult
@@ -38,6 +41,7 @@ __all__ = [
     "request_of",
     "retry_turn",
     "run_result",
+    "renew_leases",
     "save_reply",
     "settled",
     "transcript",
@@ -116,6 +120,43 @@ def claim_turn(
     """Take the run for one turn, or None if this message is stale or a duplicate."""
     now = utcnow()
     with db.write() as s:
+        # The common case in one statement: a queued run at this version.
+        took = s.execute(
+            update(RunRow)
+            .where(
+                col(RunRow.id) == run_id,
+                col(RunRow.status) == "queued",
+                col(RunRow.version) == version,
+                col(RunRow.cancel_requested).is_(False),
+            )
+            .values(
+                status="running",
+                version=col(RunRow.version) + 1,
+                claimed_by=task_id,
+                lease_until=now + lease,
+                updated_at=now,
+            )
+            .returning(
+                col(RunRow.version),
+                col(RunRow.agent),
+                col(RunRow.conversation_id),
+                col(RunRow.tools_digest),
+                col(RunRow.attempts),
+                col(RunRow.turns),
+            )
+            .execution_options(synchronize_session=False)
+        ).first()
+        if took is not None:
+            return Claim(
+                run_id=run_id,
+                version=took.version,
+                agent=took.agent,
+                conversation_id=took.conversation_id,
+                tools_digest=took.tools_digest,
+                attempts=took.attempts,
+                turns=took.turns,
+                messages=_conversation(s, took.conversation_id),
+            )
         run = s.get(RunRow, run_id, with_for_update=True)
         if run is None:
             return None
@@ -161,39 +202,51 @@ def transcript(db: Database, conversation_id: str) -> list[dict[str, Any]]:
 def _conversation(
     s: Session, conversation_id: str, upto: int | None = None
 ) -> list[dict[str, Any]]:
-    query = select(MessageRow).where(MessageRow.conversation_id == conversation_id)
+    query = select(MessageRow.body).where(MessageRow.conversation_id == conversation_id)
     if upto is not None:
         query = query.where(MessageRow.seq <= upto)
-    return [row.body for row in s.exec(query.order_by(col(MessageRow.seq)))]
+    return [dict(body) for body in s.exec(query.order_by(col(MessageRow.seq)))]
 
 
 def _message_row(run: RunRow, seq: int, body: dict[str, Any]) -> MessageRow:
-    usage = (body.get(tx.NOTE) or {}).get("usage") or {}
-    return MessageRow(
-        conversation_id=run.conversation_id,
-        seq=seq,
-        run_id=run.id,
-        role=str(body.get("role")),
-        body=body,
-        prompt_tokens=int(usage.get("promptTokens", 0)),
-        completion_tokens=int(usage.get("completionTokens", 0)),
-        created_at=utcnow(),
-    )
+    return MessageRow(**_message_values(run.conversation_id, run.id, seq, body))
 
 
 def _write_messages(
-    s: Session, run: RunRow, before: list[dict[str, Any]], after: list[dict[str, Any]]
+    s: Session, run: RunRow | Claim, before: list[dict[str, Any]], after: list[dict[str, Any]]
 ) -> None:
     """Write what changed: appended messages, and placeholders replaced in place."""
-    for seq, body in enumerate(after):
-        if seq < len(before) and before[seq] == body:
-            continue
-        row = s.get(MessageRow, (run.conversation_id, seq))
-        if row is None:
-            s.add(_message_row(run, seq, body))
-        else:
-            row.body = body
-            row.role = str(body.get("role"))
+    run_id = run.id if isinstance(run, RunRow) else run.run_id
+    rows = [
+        _message_values(run.conversation_id, run_id, seq, body)
+        for seq, body in enumerate(after)
+        if seq >= len(before) or before[seq] != body
+    ]
+    insert = sqlite_insert if s.get_bind().dialect.name == "sqlite" else postgresql_insert
+    for values in rows:
+        stmt = insert(MessageRow).values(**values)
+        s.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["conversation_id", "seq"],
+                set_={"body": stmt.excluded.body, "role": stmt.excluded.role},
+            )
+        )
+
+
+def _message_values(
+    conversation_id: str, run_id: str, seq: int, body: dict[str, Any]
+) -> dict[str, Any]:
+    usage = (body.get(tx.NOTE) or {}).get("usage") or {}
+    return {
+        "conversation_id": conversation_id,
+        "seq": seq,
+        "run_id": run_id,
+        "role": str(body.get("role")),
+        "body": body,
+        "prompt_tokens": int(usage.get("promptTokens", 0)),
+        "completion_tokens": int(usage.get("completionTokens", 0)),
+        "created_at": utcnow(),
+    }
 
 
 def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> bool:
@@ -202,21 +255,40 @@ def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> bo
     Returns whether the run has been asked to cancel meanwhile.
     """
     with db.write() as s:
-        run = _hold(s, claim)
-        _write_messages(s, run, messages[:-1], messages)
-        return run.cancel_requested
+        cancel = s.execute(
+            update(RunRow)
+            .where(
+                col(RunRow.id) == claim.run_id,
+                col(RunRow.version) == claim.version,
+                col(RunRow.status) == "running",
+            )
+            .values(updated_at=utcnow())
+            .returning(col(RunRow.cancel_requested))
+            .execution_options(synchronize_session=False)
+        ).scalar_one_or_none()
+        if cancel is None:
+            raise StaleClaim(claim.run_id, claim.version)
+        _write_messages(s, claim, messages[:-1], messages)
+        return bool(cancel)
 
 
 def ledger_get(
     db: Database, run_id: str, at: int, call_id: str, attempt: str
 ) -> ToolResult | Request | None:
     with db.read() as s:
-        row = s.get(LedgerRow, (run_id, at, call_id, attempt))
-    if row is None:
+        outcome = s.exec(
+            select(LedgerRow.outcome).where(
+                LedgerRow.run_id == run_id,
+                LedgerRow.at == at,
+                LedgerRow.call_id == call_id,
+                LedgerRow.attempt == attempt,
+            )
+        ).first()
+    if outcome is None:
         return None
-    if row.outcome.get("type") == "request":
-        return Request.model_validate(row.outcome["value"])
-    return ToolResult.model_validate(row.outcome["value"])
+    if outcome.get("type") == "request":
+        return Request.model_validate(outcome["value"])
+    return ToolResult.model_validate(outcome["value"])
 
 
 def ledger_put(
@@ -225,19 +297,21 @@ def ledger_put(
     """Record a finished tool call; returns whether the run has been asked to cancel."""
     kind = "request" if isinstance(outcome, Request) else "result"
     with db.write() as s:
-        run = s.get(RunRow, run_id)
-        if s.get(LedgerRow, (run_id, at, call_id, attempt)) is None:
-            s.add(
-                LedgerRow(
-                    run_id=run_id,
-                    at=at,
-                    call_id=call_id,
-                    attempt=attempt,
-                    outcome={"type": kind, "value": outcome.model_dump(mode="json")},
-                    created_at=utcnow(),
-                )
+        insert = sqlite_insert if s.get_bind().dialect.name == "sqlite" else postgresql_insert
+        s.execute(
+            insert(LedgerRow)
+            .values(
+                run_id=run_id,
+                at=at,
+                call_id=call_id,
+                attempt=attempt,
+                outcome={"type": kind, "value": outcome.model_dump(mode="json")},
+                created_at=utcnow(),
             )
-        return run is None or run.cancel_requested
+            .on_conflict_do_nothing()  # the first outcome recorded stands
+        )
+        cancel = s.exec(select(RunRow.cancel_requested).where(RunRow.id == run_id)).first()
+        return cancel is None or bool(cancel)
 
 
 def cancel_requested(db: Database, run_id: str) -> bool:
@@ -379,6 +453,25 @@ def _cancel_requests(s: Session, run_id: str) -> None:
         select(RequestRow).where(RequestRow.run_id == run_id, RequestRow.status == "open")
     ):
         row.status = "cancelled"
+
+
+def renew_leases(db: Database, holds: dict[str, int], lease: timedelta) -> None:
+    """Extend the claims a live worker holds (run id -> claimed version)."""
+    if not holds:
+        return
+    until = utcnow() + lease
+    with db.write() as s:
+        for run_id, version in holds.items():
+            s.execute(
+                update(RunRow)
+                .where(
+                    col(RunRow.id) == run_id,
+                    col(RunRow.version) == version,
+                    col(RunRow.status) == "running",
+                )
+                .values(lease_until=until)
+                .execution_options(synchronize_session=False)
+            )
 
 
 def settled(db: Database, run_id: str) -> tuple[str, bool]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
+import random
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -22,13 +24,14 @@ from typing import Any, ParamSpec, TypeVar
 from celery import Celery
 
 from relayq.agents import Agent, AgentError, load_agents, registered_agents
-from store import Database, migrate
-from tasks.publish import sender_app
+from store import Database, migrate, renew_leases, sweep
+from tasks.publish import publish, sender_app
 from tasks.settings import Settings
 
 __all__ = ["LoopThread", "Runtime", "defer", "deferring"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 P = ParamSpec("P")
 
 _local = threading.local()
@@ -107,16 +110,49 @@ class Runtime:
         self.app: Celery | None = None
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
+        self.holding: dict[str, int] = {}
+        """Runs this process has claimed (run id -> claimed version); their leases are renewed."""
+        self._background = False
 
     @classmethod
     def current(cls, app: Celery | None = None) -> Runtime:
+        """The worker process's runtime, with its lease renewals and sweeps running."""
         with cls._lock:
             if cls._current is None or cls._pid != os.getpid():
                 cls._current = Runtime(Settings.from_env())
                 cls._pid = os.getpid()
             if app is not None:
                 cls._current.app = app
+            cls._current.start_background()
             return cls._current
+
+    def start_background(self) -> None:
+        """Renew the leases of held runs, and sweep, on the loop, for the life of the process."""
+        if self._background:
+            return
+        self._background = True
+        asyncio.run_coroutine_threadsafe(self._renew_forever(), self.loop.loop)
+        asyncio.run_coroutine_threadsafe(self._sweep_forever(), self.loop.loop)
+
+    async def _renew_forever(self) -> None:
+        every = self.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.io(renew_leases, self.db, dict(self.holding), self.settings.lease)
+            except Exception as exc:  # the next round tries again; the lease has slack
+                log.warning("could not renew leases: %s", type(exc).__name__)
+
+    async def _sweep_forever(self) -> None:
+        # Every worker sweeps (from its start, then with jitter), so no run waits
+        # on a beat process for its lost message or vanished worker.
+        while True:
+            try:
+                report = await self.io(sweep, self.db)
+                await self.io(publish, self.sender, self.db, report.outbox)
+            except Exception as exc:
+                log.warning("sweep failed: %s", type(exc).__name__)
+            await asyncio.sleep(self.settings.sweep_every * random.uniform(0.8, 1.2))
 
     def agent(self, name: str) -> Agent:
         agent = self.agents.get(name)
@@ -147,5 +183,5 @@ class Runtime:
     def submit(self, work: Coroutine[Any, Any, T]) -> T | str:
         """Defer `work` to the asyncio pool, or run it here and wait."""
         if defer(work):
-            return "deferred"
+            return "deferred to the event loop"
         return self.loop.run(work)

@@ -10,6 +10,8 @@
 | `RELAYQ_TURN_TIME_LIMIT` | `600` | seconds one turn may take before it is stopped |
 | `RELAYQ_MODEL_RETRIES` | `5` | retries of a failing model call before the run fails |
 | `RELAYQ_RETRY_BASE` | `1.0` | first retry's backoff in seconds; doubles, up to 60 |
+| `RELAYQ_LEASE` | `60` | seconds a turn's claim lasts unless its worker renews it |
+| `RELAYQ_SWEEP_EVERY` | `15` | seconds between each worker's sweeps (beat may sweep too) |
 | `RELAYQ_POOL` | `asyncio` | `asyncio` (many turns per process), `prefork`, `threads` |
 | `RELAYQ_CONCURRENCY` | 500 (asyncio), CPUs (others) | turns one worker process runs at once |
 """
@@ -63,6 +65,8 @@ class Settings:
     retry_base: float
     pool: str
     concurrency: int | None
+    lease_seconds: float
+    sweep_every: float
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -81,6 +85,8 @@ class Settings:
             retry_base=float(env.get("RELAYQ_RETRY_BASE", "1.0")),
             pool=env.get("RELAYQ_POOL", "asyncio"),
             concurrency=int(env["RELAYQ_CONCURRENCY"]) if env.get("RELAYQ_CONCURRENCY") else None,
+            lease_seconds=float(env.get("RELAYQ_LEASE", "60")),
+            sweep_every=float(env.get("RELAYQ_SWEEP_EVERY", "15")),
         )
         if settings.turn_time_limit + 120 >= VISIBILITY_TIMEOUT:
             raise ValueError(
@@ -91,8 +97,9 @@ class Settings:
 
     @property
     def lease(self) -> timedelta:
-        """How long a claimed turn may hold its run before the sweeper presumes its worker dead."""
-        return timedelta(seconds=self.turn_time_limit + 60)
+        """How long a claim lasts: its worker renews it every third of that while the turn runs,
+        so a run whose worker died is re-queued by the next sweep after it lapses."""
+        return timedelta(seconds=self.lease_seconds)
 
     @property
     def socket_path(self) -> Path:

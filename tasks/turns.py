@@ -146,8 +146,17 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
     )
     if claim is None:
         return "skipped: stale or duplicate message"
-    if claim.taken_over and claim.attempts > rt.settings.model_retries:
-        # The turn keeps killing its worker (or outliving the hard time limit).
+    rt.holding[run_id] = claim.version
+    try:
+        return await _drive(rt, task, claim)
+    finally:
+        rt.holding.pop(run_id, None)
+
+
+async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
+    run_id = claim.run_id
+    if claim.attempts > rt.settings.model_retries:
+        # The turn keeps killing its worker (retries of model errors stop before this).
         error = f"the worker died {claim.attempts} times running this turn; giving up"
         await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(run_id, error)

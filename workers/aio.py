@@ -81,18 +81,28 @@ class AsyncioPool(BasePool):
             return
         future = asyncio.run_coroutine_threadsafe(_all(deferred), self._loop.loop)
         self._running.add(future)
-        future.add_done_callback(lambda f: self._finished(f, ret, started, callback))
+        name = args[0] if args else "task"
+        task_id = args[1] if args and len(args) > 1 else "?"
+        future.add_done_callback(lambda f: self._finished(f, name, task_id, started, callback))
 
     def _finished(
-        self, future: Future[Any], ret: Any, started: float, callback: Callable[[Any], None]
+        self,
+        future: Future[Any],
+        name: str,
+        task_id: str,
+        started: float,
+        callback: Callable[[Any], None],
     ) -> None:
         self._running.discard(future)
         runtime = time.monotonic() - started
         try:
             result = future.result()
-        except BaseException:
+        except BaseException as exc:
+            log.error("Task %s[%s] failed in %.3fs: %s", name, task_id, runtime, exc)
             callback((1, ExceptionInfo(), runtime))
             return
+        # The tracer logged the body's "deferred"; this is what the task did.
+        log.info("Task %s[%s] finished in %.3fs: %s", name, task_id, runtime, result)
         callback((0, saferepr(result), runtime))
 
     def _get_info(self) -> dict[str, Any]:

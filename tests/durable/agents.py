@@ -214,3 +214,45 @@ def holding_model(req: InProcessRequest) -> InProcessResponse:
 
 
 holding = Agent("holding", holding_model, tools=[define_tool("hold", "h", None, hold)])
+
+
+# Two turns: a local tool that takes a moment, then the final text. A turn
+# taken twice shows in the counts.
+def step(args: dict[str, Any], ctx: ToolContext) -> str:
+    note("tool", f"step {ctx.run_id}")
+    time.sleep(0.2)  # long enough for a duplicate message to arrive mid-turn
+    return "stepped"
+
+
+def two_step_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    outs = tool_outputs(req)
+    if outs:
+        return InProcessResponse(content=",".join(outs))
+    return calls(("c1", "step"))
+
+
+two_step = Agent("two-step", two_step_model, tools=[define_tool("step", "s", None, step)])
+
+
+# Replies with every user message of its conversation, so a test sees what it was given.
+def recall_model(req: InProcessRequest) -> InProcessResponse:
+    users = [str(m["content"]) for m in req.messages if m["role"] == "user"]
+    note("model", users[-1])
+    return InProcessResponse(content=" | ".join(users))
+
+
+recall = Agent("recall", recall_model)
+
+
+# Rate limited twice with a Retry-After; logs when each try came.
+def patient_model(req: InProcessRequest) -> InProcessResponse:
+    key = prompt_of(req)
+    with (log_dir() / "model-times.log").open("a") as f:
+        f.write(f"{key}\t{time.time()}\n")
+    if note("model", key) <= 2:
+        raise ModelError("429 rate limited", retryable=True, retry_after=0.4)
+    return InProcessResponse(content="patiently")
+
+
+patient = Agent("patient", patient_model)

@@ -221,3 +221,60 @@ def eventually() -> Eventually:
             delay = min(delay * 1.5, 0.2)
 
     return poll
+
+
+@pytest.fixture
+def acked(durable: Durable) -> Iterator[Callable[[str], bool]]:
+    """Whether the worker has received a task message and the broker no longer holds it.
+
+    Whatever the pool, a message is acknowledged (acks_late) only once its task
+    has finished; Celery logs "received" after the message is in the broker's
+    unacked set, so a message in neither place has been handled.
+    """
+    prefix = durable.settings.key_prefix
+    conn = durable.broker.client()
+
+    def handled(task_id: str) -> bool:
+        received = f"[{task_id}] received" in durable.worker.logfile.read_text(errors="replace")
+        held = [*conn.lrange(prefix + "relayq.turns", 0, -1), *conn.hvals(prefix + "unacked")]
+        return received and not any(task_id.encode() in m for m in held)
+
+    yield handled
+    conn.close()
+
+
+@dataclass
+class SpareWorkers:
+    """Workers a test starts for itself, on key prefixes of their own, so it may kill them.
+
+    They share the session's database and log folder; a client talks to one
+    through `DurableClient(settings=spare.settings)`.
+    """
+
+    durable: Durable
+    started: list[Worker] = field(default_factory=list)
+
+    def start(self, **env: str) -> Durable:
+        """A worker on a fresh prefix, with `env` over the session's environment."""
+        merged = {**self.durable.env, "RELAYQ_KEY_PREFIX": self.durable.broker.new_prefix(), **env}
+        return self._launch(merged)
+
+    def restart(self, spare: Durable) -> Durable:
+        """A new worker in place of `spare`'s (same prefix), as a supervisor would start."""
+        spare.worker.stop()
+        return self._launch(spare.env)
+
+    def _launch(self, env: dict[str, str]) -> Durable:
+        logfile = self.durable.log.parent / f"worker-{uuid.uuid4().hex[:8]}.log"
+        worker = Worker(env, logfile)
+        self.started.append(worker)
+        worker.start()
+        return Durable(env, Settings.from_env(env), self.durable.log, worker, self.durable.broker)
+
+
+@pytest.fixture
+def spare_workers(durable: Durable) -> Iterator[SpareWorkers]:
+    spares = SpareWorkers(durable)
+    yield spares
+    for worker in spares.started:
+        worker.stop()

@@ -1,0 +1,112 @@
+"""A turn message delivered twice, or a copy sent again, never takes its turn twice."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from relayq import RunResult
+from tasks import DurableClient
+
+from .conftest import Durable, Eventually, SpareWorkers
+
+
+def _check_resumed_not_repeated(durable: Durable, prompt: str, res: RunResult) -> None:
+    assert res.run_id is not None
+    run_id = res.run_id
+    assert res.status == "done", res.error
+    assert durable.count("model", prompt) == 2, "turn 1 once, the final turn once"
+    assert durable.count("tool", f"work {run_id}") == 1, "a finished tool is read from the ledger"
+    assert durable.count("tool", f"crash {run_id}") == 2, "the interrupted tool runs again"
+    assert res.text == f"worked,survived {run_id}:c2", "the idempotency key is stable"
+    assert [c.output for c in res.tool_calls] == ["worked", f"survived {run_id}:c2"]
+
+
+async def test_a_redelivered_turn_neither_calls_the_model_again_nor_reruns_a_finished_tool(
+    durable: Durable, spare_workers: SpareWorkers, prompt: str
+):
+    # Given a prefork worker (of this test's own: the crash may take it down), and
+    # a turn whose second tool kills the pool process the first time it runs,
+    # after the first tool has finished and reached the ledger
+    spare = spare_workers.start(RELAYQ_POOL="prefork")
+
+    # When the worker rejects the lost message and the broker delivers it again
+    async with DurableClient(settings=spare.settings) as client:
+        res = await client.run("crashy", prompt, timeout=60)
+
+    # Then the redelivery resumes the saved turn instead of starting it over
+    _check_resumed_not_repeated(durable, prompt, res)
+
+
+async def test_a_turn_whose_worker_died_finishes_once_a_new_worker_starts(
+    durable: Durable, spare_workers: SpareWorkers, prompt: str, eventually: Eventually
+):
+    # Given a worker as `python -m workers worker` starts it (with a short lease and
+    # frequent sweeps, to keep the test short), and the same crashing turn
+    spare = spare_workers.start(RELAYQ_LEASE="3", RELAYQ_SWEEP_EVERY="1")
+    async with DurableClient(settings=spare.settings) as client:
+        run_id = await client.start("crashy", prompt)
+
+        # When the crash takes down the whole worker process, a supervisor starts another
+        async def finished() -> RunResult | None:
+            nonlocal spare
+            if spare.worker.proc is not None and spare.worker.proc.poll() is not None:
+                spare = spare_workers.restart(spare)
+            res = await client.result(run_id)
+            return res if res.status not in ("queued", "running") else None
+
+        # Then the turn is delivered again promptly, resumed and not repeated
+        res = await eventually(finished, timeout=20, what="the crashed turn to be redelivered")
+    _check_resumed_not_repeated(durable, prompt, res)
+
+
+async def test_a_duplicate_turn_message_is_skipped_and_the_run_finishes_once(
+    durable: Durable,
+    client: DurableClient,
+    prompt: str,
+    eventually: Eventually,
+    acked: Callable[[str], bool],
+):
+    # Given a run whose first turn message is on its way to the worker
+    run_id = await client.start("two-step", prompt)
+
+    # When a second copy of that message (same arguments, another task id) is sent
+    copy_id = f"duplicate-{uuid.uuid4().hex}"
+    client.app.send_task("relayq.run_turn", args=[run_id, 0], queue="relayq.turns", task_id=copy_id)
+    res = await client.result(run_id, wait=True, timeout=30)
+    await eventually(lambda: acked(copy_id), what="the copy to be handled")
+
+    # Then the run finished once, each of its two turns taken once
+    assert res.status == "done", res.error
+    assert res.text == "stepped"
+    assert durable.count("model", prompt) == 2, "two turns, no turn taken twice"
+    assert durable.count("tool", f"step {run_id}") == 1
+    assert await client.result(run_id) == res
+
+
+async def test_an_old_turn_message_sent_after_the_run_is_done_changes_nothing(
+    durable: Durable,
+    client: DurableClient,
+    prompt: str,
+    eventually: Eventually,
+    acked: Callable[[str], bool],
+):
+    # Given a finished run
+    res = await client.run("two-step", prompt, timeout=30)
+    assert res.status == "done", res.error
+    assert res.run_id is not None
+    run_id = res.run_id
+
+    # When copies of both its turn messages are sent again, and handled
+    copies = [f"stale-{uuid.uuid4().hex}" for _ in range(2)]
+    for version, task_id in zip((0, 2), copies, strict=True):
+        client.app.send_task(
+            "relayq.run_turn", args=[run_id, version], queue="relayq.turns", task_id=task_id
+        )
+    for task_id in copies:
+        await eventually(lambda t=task_id: acked(t), what=f"{task_id} to be handled")
+
+    # Then the run is as it was
+    assert await client.result(run_id) == res
+    assert durable.count("model", prompt) == 2
+    assert durable.count("tool", f"step {run_id}") == 1

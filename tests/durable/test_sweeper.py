@@ -1,0 +1,77 @@
+"""The sweeper: a run whose message was never sent, or whose worker vanished, still finishes."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from relayq._types import new_id
+from store import claim_turn, create_run, get_run, sweep
+from store.outbox import mark_published
+from tasks import DurableClient
+from tasks.publish import publish
+
+from .conftest import Durable, Eventually, SpareWorkers
+
+
+async def test_a_run_whose_first_message_was_never_sent_is_started_by_a_sweep(
+    durable: Durable, client: DurableClient, prompt: str
+):
+    # Given a run committed with its outbox row, whose message was never published
+    run_id = new_id("run")
+    row = create_run(client.db, run_id=run_id, agent="recall", prompt=prompt, conversation_id=None)
+    assert get_run(client.db, run_id).status == "queued"
+
+    # When the sweeper looks for unsent messages
+    report = sweep(client.db, outbox_grace=timedelta(0))
+    publish(client.app, client.db, report.outbox)
+
+    # Then it sends the lost one again and the run completes on the worker
+    assert row.id in [r.id for r in report.outbox]
+    res = await client.result(run_id, wait=True, timeout=30)
+    assert res.status == "done", res.error
+    assert res.text == prompt
+    assert durable.count("model", prompt) == 1
+
+
+async def test_a_run_left_running_by_a_vanished_worker_is_requeued_by_a_sweep(
+    durable: Durable, client: DurableClient, prompt: str
+):
+    # Given a run claimed by a worker that vanished: its lease has run out
+    run_id = new_id("run")
+    row = create_run(client.db, run_id=run_id, agent="recall", prompt=prompt, conversation_id=None)
+    mark_published(client.db, [row])  # the ghost received it
+    claim = claim_turn(client.db, run_id, 0, task_id="ghost", lease=timedelta(seconds=0))
+    assert claim is not None
+    assert get_run(client.db, run_id).status == "running"
+
+    # When a sweep runs
+    report = sweep(client.db)
+    publish(client.app, client.db, report.outbox)
+
+    # Then the run is queued again and completes on a live worker
+    assert run_id in report.requeued
+    res = await client.result(run_id, wait=True, timeout=30)
+    assert res.status == "done", res.error
+    assert res.text == prompt
+    assert durable.count("model", prompt) == 1
+
+
+async def test_a_live_worker_renews_its_lease_so_a_long_turn_is_not_swept_from_under_it(
+    durable: Durable, spare_workers: SpareWorkers, prompt: str, eventually: Eventually
+):
+    # Given a worker whose claims last 1.5 s and which sweeps every 0.3 s
+    spare = spare_workers.start(RELAYQ_LEASE="1.5", RELAYQ_SWEEP_EVERY="0.3")
+    async with DurableClient(settings=spare.settings) as client:
+        run_id = await client.start("holding", prompt)
+        await eventually(lambda: durable.count("tool", f"hold {run_id}") == 1, what="the tool")
+
+        # When its tool runs for several leases (the worker renews the claim meanwhile)
+        await asyncio.sleep(4.5)
+        (durable.log / f"release-{run_id}").touch()
+        res = await client.result(run_id, wait=True, timeout=30)
+
+    # Then nobody took the turn over: the tool ran once, the model was asked twice
+    assert res.status == "done", res.error
+    assert durable.count("tool", f"hold {run_id}") == 1
+    assert durable.count("model", prompt) == 2
