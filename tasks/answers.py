@@ -6,7 +6,6 @@ from celery import Task, shared_task
 
 from store import apply_answer_of
 from store.outbox import ANSWER_QUEUE, ANSWER_TASK
-from tasks.publish import publish
 from tasks.runtime import Runtime
 
 __all__ = ["apply_answer", "submit_answer"]
@@ -14,7 +13,7 @@ __all__ = ["apply_answer", "submit_answer"]
 
 async def apply_answer(rt: Runtime, request_id: str) -> str:
     outbox = await rt.io(apply_answer_of, rt.db, request_id)
-    await rt.io(publish, rt.sender, rt.db, outbox)
+    await rt.publish(outbox)
     return "resumed" if outbox else "skipped: already applied or run not pending"
 
 

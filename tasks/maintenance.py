@@ -7,7 +7,6 @@ from celery import Task, shared_task
 from store import cancel_run as cancel_stored_run
 from store import sweep as sweep_store
 from store.outbox import CANCEL_TASK, MAINTENANCE_QUEUE, SWEEP_TASK
-from tasks.publish import publish
 from tasks.runtime import Runtime
 
 __all__ = ["cancel_run", "sweep"]
@@ -15,7 +14,8 @@ __all__ = ["cancel_run", "sweep"]
 
 async def _sweep(rt: Runtime) -> str:
     report = await rt.io(sweep_store, rt.db)
-    sent = await rt.io(publish, rt.sender, rt.db, report.outbox)
+    await rt.publish(report.outbox)
+    sent = len(report.outbox)
     return (
         f"sent {sent}, requeued {len(report.requeued)}, resent {len(report.resent)}, "
         f"expired {report.expired}"

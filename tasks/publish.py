@@ -11,7 +11,7 @@ from store import Database, OutboxRow
 from store.outbox import mark_published, task_id_of
 from tasks.settings import Settings
 
-__all__ = ["publish", "sender_app"]
+__all__ = ["publish", "send", "sender_app"]
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,14 @@ def sender_app(settings: Settings) -> Celery:
 
 
 def publish(app: Celery, db: Database, rows: Iterable[OutboxRow]) -> int:
-    """Send each row; rows that fail stay in the outbox for the sweeper. Returns how many went."""
+    """Send each row and mark it sent; rows that fail stay for the sweeper. Returns the count."""
+    sent = send(app, rows)
+    mark_published(db, sent)
+    return len(sent)
+
+
+def send(app: Celery, rows: Iterable[OutboxRow]) -> list[OutboxRow]:
+    """Send each row; returns the rows that went (the caller marks them sent)."""
     sent = []
     for row in rows:
         try:
@@ -41,5 +48,4 @@ def publish(app: Celery, db: Database, rows: Iterable[OutboxRow]) -> int:
             log.warning("could not send %s (%s): %s", row.task, row.label, type(exc).__name__)
             continue
         sent.append(row)
-    mark_published(db, sent)
-    return len(sent)
+    return sent

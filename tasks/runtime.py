@@ -24,8 +24,9 @@ from typing import Any, ParamSpec, TypeVar
 from celery import Celery
 
 from relayq.agents import Agent, AgentError, load_agents, registered_agents
-from store import Database, migrate, renew_leases, sweep
-from tasks.publish import publish, sender_app
+from store import Database, OutboxRow, migrate, renew_leases, sweep
+from store.outbox import mark_published
+from tasks.publish import send, sender_app
 from tasks.settings import Settings
 
 __all__ = ["LoopThread", "Runtime", "defer", "deferring"]
@@ -67,6 +68,8 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(io_threads, thread_name_prefix="relayq-io")
         self.loop.set_default_executor(self.executor)
+        # Sending to the broker gets threads of its own: it must not wait behind the store.
+        self.broker = ThreadPoolExecutor(4, thread_name_prefix="relayq-send")
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="relayq-loop", daemon=True
         )
@@ -110,6 +113,7 @@ class Runtime:
         self.app: Celery | None = None
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
+        self._sent: list[OutboxRow] = []
         self.holding: dict[str, int] = {}
         """Runs this process has claimed (run id -> claimed version); their leases are renewed."""
         self._background = False
@@ -132,6 +136,7 @@ class Runtime:
             return
         self._background = True
         asyncio.run_coroutine_threadsafe(self._renew_forever(), self.loop.loop)
+        asyncio.run_coroutine_threadsafe(self._mark_sent_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._sweep_forever(), self.loop.loop)
 
     async def _renew_forever(self) -> None:
@@ -143,13 +148,39 @@ class Runtime:
             except Exception as exc:  # the next round tries again; the lease has slack
                 log.warning("could not renew leases: %s", type(exc).__name__)
 
+    async def publish(self, rows: list[OutboxRow]) -> None:
+        """Send outbox rows now; mark them sent in the next batch (one transaction for many).
+
+        A row whose mark is lost is sent again by a sweep; its duplicate finds
+        the run moved on and does nothing.
+        """
+        if not rows:
+            return
+        sent = await asyncio.get_running_loop().run_in_executor(
+            self.loop.broker, send, self.sender, rows
+        )
+        if self._background:
+            self._sent.extend(sent)
+        else:
+            await self.io(mark_published, self.db, sent)
+
+    async def _mark_sent_forever(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            batch, self._sent = self._sent, []
+            if batch:
+                try:
+                    await self.io(mark_published, self.db, batch)
+                except Exception as exc:
+                    log.warning("could not mark %d messages sent: %s", len(batch), exc)
+
     async def _sweep_forever(self) -> None:
         # Every worker sweeps (from its start, then with jitter), so no run waits
         # on a beat process for its lost message or vanished worker.
         while True:
             try:
                 report = await self.io(sweep, self.db)
-                await self.io(publish, self.sender, self.db, report.outbox)
+                await self.publish(report.outbox)
             except Exception as exc:
                 log.warning("sweep failed: %s", type(exc).__name__)
             await asyncio.sleep(self.settings.sweep_every * random.uniform(0.8, 1.2))

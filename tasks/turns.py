@@ -38,7 +38,6 @@ from store import (
     save_reply,
 )
 from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
-from tasks.publish import publish
 from tasks.runtime import Runtime
 
 __all__ = ["TaskRef", "TurnFailed", "drive_turn", "run_turn"]
@@ -184,7 +183,7 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
         error = _describe(exc)
         await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(run_id, error) from None
-    await rt.io(publish, rt.sender, rt.db, outbox)
+    await rt.publish(outbox)
     return turn.status
 
 
@@ -201,7 +200,7 @@ async def _retry_or_fail(rt: Runtime, task: TaskRef | None, claim: Claim, exc: E
     countdown = backoff(claim.attempts, retry_after, base=rt.settings.retry_base)
     row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown)
     if task is None:
-        await rt.io(publish, rt.sender, rt.db, [row])
+        await rt.publish([row])
     else:
         # Re-sent as a retry of the same task (same id, retries + 1), as Celery's own
         # retry does; the outbox row stands in case this send is lost.

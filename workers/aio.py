@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
@@ -48,6 +49,10 @@ class AsyncioPool(BasePool):
         signals.worker_process_init.send(sender=initargs[1])
 
     def on_start(self) -> None:
+        # Threads here hand the GIL back and forth at every database or socket
+        # call; at the default 5 ms switch interval each handoff can stall a
+        # call that long, and hundreds of turns queue behind those stalls.
+        sys.setswitchinterval(0.0005)
         # The runtime owns the loop (and sizes its I/O threads to the store).
         self._loop = Runtime.current().loop
 

@@ -6,6 +6,7 @@ test in another process can count model calls and tool executions.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from datetime import timedelta
@@ -256,3 +257,23 @@ def patient_model(req: InProcessRequest) -> InProcessResponse:
 
 
 patient = Agent("patient", patient_model)
+
+
+# A model that answers only once `RELAYQ_TEST_CROWD` of its calls wait at the same time:
+# it finishes only on a worker that keeps that many turns in flight at once.
+_crowd: dict[int, asyncio.Barrier] = {}
+
+
+async def crowd_model(req: InProcessRequest) -> InProcessResponse:
+    size = int(os.environ.get("RELAYQ_TEST_CROWD", "20"))
+    barrier = _crowd.setdefault(id(asyncio.get_running_loop()), asyncio.Barrier(size))
+    note("model", prompt_of(req))
+    try:
+        wait = float(os.environ.get("RELAYQ_TEST_CROWD_WAIT", "15"))
+        await asyncio.wait_for(barrier.wait(), timeout=wait)
+    except TimeoutError:
+        raise ModelError(f"fewer than {size} turns were in flight at once") from None
+    return InProcessResponse(content="together")
+
+
+crowd = Agent("crowd", crowd_model)

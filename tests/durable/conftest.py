@@ -111,9 +111,10 @@ class Worker:
 
     def start(self, *extra: str, ready_timeout: float = 60.0) -> Worker:
         name = f"test-{uuid.uuid4().hex[:6]}@%h"
+        concurrency = self.env.get("RELAYQ_CONCURRENCY", "2")
         with self.logfile.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "workers", "worker", "-c", "2", "-n", name,
+                [sys.executable, "-m", "workers", "worker", "-c", concurrency, "-n", name,
                  "--without-mingle", "--without-gossip", *extra],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
