@@ -9,11 +9,12 @@ so a turn that lost its run writes nothing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
@@ -222,15 +223,19 @@ def _write_messages(
         for seq, body in enumerate(after)
         if seq >= len(before) or before[seq] != body
     ]
-    insert = sqlite_insert if s.get_bind().dialect.name == "sqlite" else postgresql_insert
-    for values in rows:
-        stmt = insert(MessageRow).values(**values)
-        s.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["conversation_id", "seq"],
-                set_={"body": stmt.excluded.body, "role": stmt.excluded.role},
-            )
-        )
+    if rows:
+        # One statement, many parameter sets: compiled once, cached after.
+        s.execute(_upsert_message(s.get_bind().dialect.name), rows)
+
+
+@functools.cache
+def _upsert_message(dialect: str) -> Any:
+    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+    stmt = insert(MessageRow.__table__)  # type: ignore[attr-defined]
+    return stmt.on_conflict_do_update(
+        index_elements=["conversation_id", "seq"],
+        set_={"body": stmt.excluded.body, "role": stmt.excluded.role},
+    )
 
 
 def _message_values(
@@ -330,35 +335,53 @@ def finish_turn(
     request_ttl: timedelta | None = None,
     on_expiry: str = "error",
 ) -> list[OutboxRow]:
-    """Persist what a turn did and what comes next, in one transaction."""
+    """Persist what a turn did and what comes next, in one transaction.
+
+    `before` is the transcript as stored (with the model's reply if it was saved).
+    """
     now = utcnow()
+    usage = tx.usage_of(turn.messages)
+    turns = tx.turns_taken(turn.messages)
+    status = "queued" if turn.status == "next" else turn.status
     with db.write() as s:
-        run = _hold(s, claim)
-        run.tools_digest = run.tools_digest or tools_digest
-        _write_messages(s, run, before, turn.messages)
-        usage = tx.usage_of(turn.messages)
-        run.turns = tx.turns_taken(turn.messages)
-        run.prompt_tokens = usage.prompt_tokens
-        run.completion_tokens = usage.completion_tokens
-        run.total_tokens = usage.total_tokens
-        run.attempts = 0
-        run.error = None
-        run.claimed_by = None
-        run.lease_until = None
-        run.version += 1
-        run.updated_at = now
-        outbox: list[OutboxRow] = []
+        # The claim check and the run's new state in one statement.
+        held = s.execute(
+            update(RunRow)
+            .where(
+                col(RunRow.id) == claim.run_id,
+                col(RunRow.version) == claim.version,
+                col(RunRow.status) == "running",
+            )
+            .values(
+                status=status,
+                version=claim.version + 1,
+                tools_digest=func.coalesce(col(RunRow.tools_digest), tools_digest),
+                turns=turns,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                total_tokens=usage.total_tokens,
+                attempts=0,
+                error=None,
+                claimed_by=None,
+                lease_until=None,
+                updated_at=now,
+                text=turn.text if turn.status == "done" else None,
+            )
+            .returning(col(RunRow.id))
+            .execution_options(synchronize_session=False)
+        ).first()
+        if held is None:
+            raise StaleClaim(claim.run_id, claim.version)
+        _write_messages(s, claim, before, turn.messages)
         if turn.status == "next":
-            run.status = "queued"
-            outbox.append(enqueue_turn(s, run.id, run.version, label=_label(run)))
-        elif turn.status == "pending":
+            label = f"run={claim.run_id} agent={claim.agent} turn={turns + 1}"
+            return [enqueue_turn(s, claim.run_id, claim.version + 1, label=label)]
+        if turn.status == "pending":
             assert turn.pending is not None
-            run.status = "pending"
+            run = s.get(RunRow, claim.run_id)
+            assert run is not None
             _open_request(s, run, turn.pending, now, ttl=request_ttl, on_expiry=on_expiry)
-        else:
-            run.status = turn.status
-            run.text = turn.text if turn.status == "done" else None
-        return outbox
+        return []
 
 
 def _open_request(

@@ -81,6 +81,8 @@ class StoreJournal(Journal):
         self.claim = claim
         self.cancelled = False
         self._fresh: int | None = None
+        self.stored = claim.messages
+        """The transcript as the store holds it now."""
 
     def is_set(self) -> bool:
         return self.cancelled
@@ -88,6 +90,7 @@ class StoreJournal(Journal):
     async def model_replied(self, messages: list[dict[str, Any]]) -> None:
         self.cancelled = await self.rt.io(save_reply, self.rt.db, self.claim, messages)
         self._fresh = len(messages) - 1
+        self.stored = list(messages)
 
     async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
         if at == self._fresh and not attempt:
@@ -120,11 +123,10 @@ async def _turn(rt: Runtime, claim: Claim, agent: Agent) -> tuple[Turn, list[dic
                 f"that run {claim.run_id} used; it cannot resume",
                 agent.name,
             )
-    before = claim.messages
     journal = StoreJournal(rt, claim)
     async with asyncio.timeout(rt.settings.turn_time_limit):
         turn = await take_turn(
-            before,
+            claim.messages,
             toolkit,
             agent.durable_model,
             run_id=claim.run_id,
@@ -134,7 +136,8 @@ async def _turn(rt: Runtime, claim: Claim, agent: Agent) -> tuple[Turn, list[dic
             journal=journal,
             cancel=journal,
         )
-    return turn, before, digest
+    # What is already stored (the reply, if saved) need not be written again.
+    return turn, journal.stored, digest
 
 
 async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> str:
