@@ -126,12 +126,10 @@ def _check_open(s: Session, row: RequestRow, now: datetime) -> None:
             row.id,
         )
     run = s.get(RunRow, row.run_id)
-    if run is None or run.status != "pending" or run.cancel_requested:
-        state = (
-            "cancelled"
-            if run is not None and run.cancel_requested
-            else getattr(run, "status", "gone")
-        )
+    if run is None:
+        raise ResumeError(f"run {row.run_id} of request {row.id} no longer exists", row.id)
+    if run.status != "pending" or run.cancel_requested:
+        state = "cancelled" if run.cancel_requested else run.status
         raise ResumeError(f"run {row.run_id} of request {row.id} is {state}", row.id)
 
 
