@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import Connection, insert
 from sqlmodel import Session, col, select
 
 from store.db import Database
@@ -39,7 +39,12 @@ MAINTENANCE_QUEUE = "relayq.maintenance"
 
 
 def enqueue_turn(
-    session: Session, run_id: str, version: int, *, label: str, countdown: float = 0.0
+    session: Session | Connection,
+    run_id: str,
+    version: int,
+    *,
+    label: str,
+    countdown: float = 0.0,
 ) -> OutboxRow:
     values: dict[str, Any] = {
         "task": TURN_TASK,
@@ -81,10 +86,9 @@ def mark_published(db: Database, rows: Iterable[OutboxRow]) -> None:
     ids = [r.id for r in rows]
     if not ids:
         return
-    now = utcnow()
-    with db.write() as s:
-        for row in s.exec(select(OutboxRow).where(col(OutboxRow.id).in_(ids))):
-            row.published_at = now
+    table = OutboxRow.__table__  # type: ignore[attr-defined]
+    with db.transaction() as conn:
+        conn.execute(table.update().where(table.c.id.in_(ids)).values(published_at=utcnow()))
 
 
 def unpublished(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import Connection, bindparam, func, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
@@ -83,6 +83,24 @@ def create_run(
     """A queued run with its prompt; continues `conversation_id` if it names one."""
     now = utcnow()
     conv = conversation_id or run_id
+    if conversation_id is None:
+        # A new conversation has nothing to check: three plain inserts.
+        run = RunRow(
+            id=run_id,
+            agent=agent,
+            conversation_id=conv,
+            status="queued",
+            tools_digest=tools_digest,
+            created_at=now,
+            updated_at=now,
+        )
+        with db.transaction() as conn:
+            conn.execute(_RUNS.insert(), run.model_dump())
+            conn.execute(
+                _MESSAGE_TABLE.insert(),
+                _message_values(conv, run_id, 0, tx.user_message(prompt, run_id)),
+            )
+            return enqueue_turn(conn, run_id, run.version, label=_label(run))
     with db.write() as s:
         history = _conversation(s, conv)
         _check_can_continue(s, conv, history)
@@ -120,32 +138,10 @@ def claim_turn(
 ) -> Claim | None:
     """Take the run for one turn, or None if this message is stale or a duplicate."""
     now = utcnow()
-    with db.write() as s:
+    with db.transaction() as conn:
         # The common case in one statement: a queued run at this version.
-        took = s.execute(
-            update(RunRow)
-            .where(
-                col(RunRow.id) == run_id,
-                col(RunRow.status) == "queued",
-                col(RunRow.version) == version,
-                col(RunRow.cancel_requested).is_(False),
-            )
-            .values(
-                status="running",
-                version=col(RunRow.version) + 1,
-                claimed_by=task_id,
-                lease_until=now + lease,
-                updated_at=now,
-            )
-            .returning(
-                col(RunRow.version),
-                col(RunRow.agent),
-                col(RunRow.conversation_id),
-                col(RunRow.tools_digest),
-                col(RunRow.attempts),
-                col(RunRow.turns),
-            )
-            .execution_options(synchronize_session=False)
+        took = conn.execute(
+            _CLAIM, {"rid": run_id, "v": version, "task": task_id, "until": now + lease, "now": now}
         ).first()
         if took is not None:
             return Claim(
@@ -156,8 +152,12 @@ def claim_turn(
                 tools_digest=took.tools_digest,
                 attempts=took.attempts,
                 turns=took.turns,
-                messages=_conversation(s, took.conversation_id),
+                messages=[
+                    dict(b)
+                    for b in conn.execute(_MESSAGES, {"conv": took.conversation_id}).scalars()
+                ],
             )
+    with db.write() as s:
         run = s.get(RunRow, run_id, with_for_update=True)
         if run is None:
             return None
@@ -188,6 +188,65 @@ def claim_turn(
         )
 
 
+_RUNS = RunRow.__table__  # type: ignore[attr-defined]
+_MESSAGE_TABLE = MessageRow.__table__  # type: ignore[attr-defined]
+_LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
+
+# The statements every turn runs, built once.
+_CLAIM = (
+    _RUNS.update()
+    .where(
+        _RUNS.c.id == bindparam("rid"),
+        _RUNS.c.status == "queued",
+        _RUNS.c.version == bindparam("v"),
+        _RUNS.c.cancel_requested.is_(False),
+    )
+    .values(
+        status="running",
+        version=_RUNS.c.version + 1,
+        claimed_by=bindparam("task"),
+        lease_until=bindparam("until"),
+        updated_at=bindparam("now"),
+    )
+    .returning(
+        _RUNS.c.version,
+        _RUNS.c.agent,
+        _RUNS.c.conversation_id,
+        _RUNS.c.tools_digest,
+        _RUNS.c.attempts,
+        _RUNS.c.turns,
+    )
+)
+_MESSAGES = (
+    select(_MESSAGE_TABLE.c.body)
+    .where(_MESSAGE_TABLE.c.conversation_id == bindparam("conv"))
+    .order_by(_MESSAGE_TABLE.c.seq)
+)
+_STILL_HELD = (
+    _RUNS.update()
+    .where(
+        _RUNS.c.id == bindparam("rid"),
+        _RUNS.c.version == bindparam("v"),
+        _RUNS.c.status == "running",
+    )
+    .values(updated_at=bindparam("now"))
+    .returning(_RUNS.c.cancel_requested)
+)
+_CANCEL_FLAG = select(_RUNS.c.cancel_requested).where(_RUNS.c.id == bindparam("rid"))
+_LEDGER_OUTCOME = select(_LEDGER.c.outcome).where(
+    _LEDGER.c.run_id == bindparam("rid"),
+    _LEDGER.c.at == bindparam("at"),
+    _LEDGER.c.call_id == bindparam("cid"),
+    _LEDGER.c.attempt == bindparam("attempt"),
+)
+
+
+@functools.cache
+def _ledger_insert(dialect: str) -> Any:
+    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+    return insert(_LEDGER).on_conflict_do_nothing()  # the first outcome recorded stands
+
+
 def _hold(s: Session, claim: Claim) -> RunRow:
     run = s.get(RunRow, claim.run_id, with_for_update=True)
     if run is None or run.version != claim.version or run.status != "running":
@@ -214,7 +273,10 @@ def _message_row(run: RunRow, seq: int, body: dict[str, Any]) -> MessageRow:
 
 
 def _write_messages(
-    s: Session, run: RunRow | Claim, before: list[dict[str, Any]], after: list[dict[str, Any]]
+    s: Session | Connection,
+    run: RunRow | Claim,
+    before: list[dict[str, Any]],
+    after: list[dict[str, Any]],
 ) -> None:
     """Write what changed: appended messages, and placeholders replaced in place."""
     run_id = run.id if isinstance(run, RunRow) else run.run_id
@@ -225,7 +287,8 @@ def _write_messages(
     ]
     if rows:
         # One statement, many parameter sets: compiled once, cached after.
-        s.execute(_upsert_message(s.get_bind().dialect.name), rows)
+        dialect = s.dialect if isinstance(s, Connection) else s.get_bind().dialect
+        s.execute(_upsert_message(dialect.name), rows)
 
 
 @functools.cache
@@ -259,36 +322,23 @@ def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> bo
 
     Returns whether the run has been asked to cancel meanwhile.
     """
-    with db.write() as s:
-        cancel = s.execute(
-            update(RunRow)
-            .where(
-                col(RunRow.id) == claim.run_id,
-                col(RunRow.version) == claim.version,
-                col(RunRow.status) == "running",
-            )
-            .values(updated_at=utcnow())
-            .returning(col(RunRow.cancel_requested))
-            .execution_options(synchronize_session=False)
+    with db.transaction() as conn:
+        cancel = conn.execute(
+            _STILL_HELD, {"rid": claim.run_id, "v": claim.version, "now": utcnow()}
         ).scalar_one_or_none()
         if cancel is None:
             raise StaleClaim(claim.run_id, claim.version)
-        _write_messages(s, claim, messages[:-1], messages)
+        _write_messages(conn, claim, messages[:-1], messages)
         return bool(cancel)
 
 
 def ledger_get(
     db: Database, run_id: str, at: int, call_id: str, attempt: str
 ) -> ToolResult | Request | None:
-    with db.read() as s:
-        outcome = s.exec(
-            select(LedgerRow.outcome).where(
-                LedgerRow.run_id == run_id,
-                LedgerRow.at == at,
-                LedgerRow.call_id == call_id,
-                LedgerRow.attempt == attempt,
-            )
-        ).first()
+    with db.engine.connect() as conn:
+        outcome = conn.execute(
+            _LEDGER_OUTCOME, {"rid": run_id, "at": at, "cid": call_id, "attempt": attempt}
+        ).scalar_one_or_none()
     if outcome is None:
         return None
     if outcome.get("type") == "request":
@@ -301,21 +351,19 @@ def ledger_put(
 ) -> bool:
     """Record a finished tool call; returns whether the run has been asked to cancel."""
     kind = "request" if isinstance(outcome, Request) else "result"
-    with db.write() as s:
-        insert = sqlite_insert if s.get_bind().dialect.name == "sqlite" else postgresql_insert
-        s.execute(
-            insert(LedgerRow)
-            .values(
-                run_id=run_id,
-                at=at,
-                call_id=call_id,
-                attempt=attempt,
-                outcome={"type": kind, "value": outcome.model_dump(mode="json")},
-                created_at=utcnow(),
-            )
-            .on_conflict_do_nothing()  # the first outcome recorded stands
+    with db.transaction() as conn:
+        conn.execute(
+            _ledger_insert(conn.dialect.name),
+            {
+                "run_id": run_id,
+                "at": at,
+                "call_id": call_id,
+                "attempt": attempt,
+                "outcome": {"type": kind, "value": outcome.model_dump(mode="json")},
+                "created_at": utcnow(),
+            },
         )
-        cancel = s.exec(select(RunRow.cancel_requested).where(RunRow.id == run_id)).first()
+        cancel = conn.execute(_CANCEL_FLAG, {"rid": run_id}).scalar_one_or_none()
         return cancel is None or bool(cancel)
 
 
@@ -343,7 +391,9 @@ def finish_turn(
     usage = tx.usage_of(turn.messages)
     turns = tx.turns_taken(turn.messages)
     status = "queued" if turn.status == "next" else turn.status
-    with db.write() as s:
+    # Only opening a request needs the ORM; every other ending is plain statements.
+    scope = db.write() if turn.status == "pending" else db.transaction()
+    with scope as s:
         # The claim check and the run's new state in one statement.
         held = s.execute(
             update(RunRow)
@@ -378,6 +428,7 @@ def finish_turn(
             return [enqueue_turn(s, claim.run_id, claim.version + 1, label=label)]
         if turn.status == "pending":
             assert turn.pending is not None
+            assert isinstance(s, Session)
             run = s.get(RunRow, claim.run_id)
             assert run is not None
             _open_request(s, run, turn.pending, now, ttl=request_ttl, on_expiry=on_expiry)
@@ -483,18 +534,17 @@ def renew_leases(db: Database, holds: dict[str, int], lease: timedelta) -> None:
     if not holds:
         return
     until = utcnow() + lease
-    with db.write() as s:
-        for run_id, version in holds.items():
-            s.execute(
-                update(RunRow)
-                .where(
-                    col(RunRow.id) == run_id,
-                    col(RunRow.version) == version,
-                    col(RunRow.status) == "running",
-                )
-                .values(lease_until=until)
-                .execution_options(synchronize_session=False)
-            )
+    renew = (
+        _RUNS.update()
+        .where(
+            _RUNS.c.id == bindparam("rid"),
+            _RUNS.c.version == bindparam("v"),
+            _RUNS.c.status == "running",
+        )
+        .values(lease_until=until)
+    )
+    with db.transaction() as conn:
+        conn.execute(renew, [{"rid": r, "v": v} for r, v in holds.items()])
 
 
 def settled(db: Database, run_id: str) -> tuple[str, bool]:
