@@ -4,11 +4,12 @@
     python -m bench.inflight --runs 200 --latency 0.5 --pools asyncio,threads
 
 A local model server answers every call after a fixed latency. N runs start
-at once against ONE worker process (Redis broker, SQLite store). With all N
-in flight the ideal is N / latency turns per second; the table shows what
-each pool achieved, as a share of that ideal, and the worker's peak memory.
-Pools other than asyncio hold a process or a thread per turn, so they get
-their own, smaller N (`--classic-runs`), and the ratio is still to their ideal.
+at once against this one machine's workers: one process per pool, or N with
+`pool*N` (Redis broker; SQLite and PostgreSQL stores). With all N in flight
+the ideal is N / latency turns per second; the table shows what each pool
+achieved, as a share of that ideal, and the workers' peak memory. Pools other
+than asyncio hold a process or a thread per turn, so they get their own,
+smaller N (`--classic-runs`), and the ratio is still to their ideal.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -86,52 +88,63 @@ def rss_mb(pid: int) -> float:
 
 
 class Sampler(threading.Thread):
-    def __init__(self, pid: int) -> None:
+    """The peak of the workers' summed resident memory."""
+
+    def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
-        self.pid = pid
+        self.pids = pids
         self.peak = 0.0
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
-            self.peak = max(self.peak, rss_mb(self.pid))
+            self.peak = max(self.peak, sum(rss_mb(p) for p in self.pids))
 
 
 def start_worker(
-    env: dict[str, str], pool: str, concurrency: int, log: Path
+    env: dict[str, str], pool: str, concurrency: int, log: Path, name: str
 ) -> subprocess.Popen[bytes]:
     env = env | {"RELAYQ_POOL": pool, "RELAYQ_CONCURRENCY": str(concurrency)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "workers", "worker", "--loglevel", "INFO",
-             "--without-mingle", "--without-gossip", "-n", f"bench-{pool}@%h"],
+             "--without-mingle", "--without-gossip", "-n", f"{name}@%h"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     return proc
 
 
 async def measure(
-    env: dict[str, str], pool: str, concurrency: int, runs: int, turns: int, home: Path
+    env: dict[str, str], spec: str, concurrency: int, runs: int, turns: int, home: Path
 ) -> Outcome:
+    """`spec` is a pool, or `pool*N` for N worker processes on this machine."""
+    pool, _, procs = spec.partition("*")
+    count = int(procs or 1)
     settings = Settings.from_env(env)
     client = DurableClient(settings=settings)
-    log = home / f"worker-{pool}.log"
-    worker = start_worker(env, pool, concurrency, log)
-    sampler = Sampler(worker.pid)
+    logs = [home / f"worker-{pool}-{n}.log" for n in range(count)]
+    each = -(-concurrency // count)
+    workers = [
+        start_worker(env, pool, each, log, f"bench-{pool}-{n}") for n, log in enumerate(logs)
+    ]
+    sampler = Sampler([w.pid for w in workers])
     try:
-        await asyncio.to_thread(_wait_ready, log, worker)
+        for log, worker in zip(logs, workers, strict=True):
+            await asyncio.to_thread(_wait_ready, log, worker)
         sampler.start()
         started = time.perf_counter()
-        ids = await asyncio.gather(*(client.start("bench", f"job {i}") for i in range(runs)))
+        ids = await client.start_many("bench", [f"job {i}" for i in range(runs)])
         failed = await _wait_all(client, set(ids))
         seconds = time.perf_counter() - started
     finally:
         sampler.stop.set()
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=60)
+        for worker in workers:
+            os.killpg(worker.pid, signal.SIGTERM)
+        for worker in workers:
+            worker.wait(timeout=60)
         client.close()
     store = "postgresql" if "postgresql" in env["RELAYQ_DATABASE_URL"] else "sqlite"
-    return Outcome(store, pool, concurrency, runs, runs * turns, seconds, sampler.peak, failed)
+    return Outcome(store, spec, each * count, runs, runs * turns, seconds, sampler.peak, failed)
 
 
 def _wait_ready(log: Path, worker: subprocess.Popen[bytes]) -> None:
@@ -188,7 +201,11 @@ def parse() -> argparse.Namespace:
     add("--classic-runs", type=int, default=40, help="runs for the prefork/threads pools")
     add("--turns", type=int, default=5, help="model turns per run")
     add("--latency", type=float, default=1.0, help="seconds the model takes per call")
-    add("--pools", default="asyncio,prefork", help="pools to compare, comma-separated")
+    add(
+        "--pools",
+        default="asyncio,asyncio*2,prefork",
+        help="pools to compare, comma-separated; pool*N runs N worker processes",
+    )
     add("--stores", default="sqlite,postgresql", help="stores to compare, comma-separated")
     return parser.parse_args()
 
@@ -207,7 +224,8 @@ def main() -> None:
         time.sleep(1.5)
         for store in args.stores.split(","):
             for pool in args.pools.split(","):
-                results += one(args, home / f"{store}-{pool}", store, pool, port)
+                slug = pool.replace("*", "x")
+                results += one(args, home / f"{store}-{slug}", store, pool, port)
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -215,10 +233,11 @@ def main() -> None:
 
 
 def one(args: argparse.Namespace, home: Path, store: str, pool: str, port: int) -> list[Outcome]:
-    runs = args.runs if pool == "asyncio" else args.classic_runs
-    concurrency = runs if pool in ("asyncio", "threads") else (os.cpu_count() or 2)
+    kind = pool.partition("*")[0]
+    runs = args.runs if kind == "asyncio" else args.classic_runs
+    concurrency = runs if kind in ("asyncio", "threads") else (os.cpu_count() or 2)
     home.mkdir(parents=True)
-    name = f"relayq_bench_{os.getpid()}_{pool}"
+    name = "relayq_bench_" + re.sub(r"\W", "_", f"{os.getpid()}_{home.name}")
     url = f"sqlite:///{home / 'relayq.db'}" if store == "sqlite" else postgres_url(name)
     if url is None:
         print(f"skipping {store}: no server", file=sys.stderr)
@@ -245,7 +264,7 @@ def one(args: argparse.Namespace, home: Path, store: str, pool: str, port: int) 
 
 def print_table(results: list[Outcome], latency: float) -> None:
     print(
-        f"\none worker process, {os.cpu_count()} cores, model latency {latency:g} s; "
+        f"\none worker machine, {os.cpu_count()} cores, model latency {latency:g} s; "
         "ideal = runs in flight / latency\n"
     )
     print("| store | pool | in flight | runs | turns | seconds | turns/s | ideal | % of ideal "
@@ -261,11 +280,11 @@ def print_table(results: list[Outcome], latency: float) -> None:
         )
     for store in dict.fromkeys(r.store for r in results):
         mine = {r.pool: r for r in results if r.store == store}
-        if "asyncio" in mine:
-            for pool, other in mine.items():
-                if pool != "asyncio":
-                    ratio = mine["asyncio"].turns_per_second() / other.turns_per_second()
-                    print(f"\n{store}: asyncio pool / {pool} pool, turns per second: {ratio:.1f}x")
+        for pool, fast in mine.items():
+            for other_pool, slow in mine.items():
+                if pool.startswith("asyncio") and not other_pool.startswith("asyncio"):
+                    ratio = fast.turns_per_second() / slow.turns_per_second()
+                    print(f"\n{store}: {pool} / {other_pool}, turns per second: {ratio:.1f}x")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ __all__ = [
     "cancel_requested",
     "claim_turn",
     "create_run",
+    "create_runs",
     "fail_run",
     "finish_cancelled",
     "finish_turn",
@@ -84,23 +85,7 @@ def create_run(
     now = utcnow()
     conv = conversation_id or run_id
     if conversation_id is None:
-        # A new conversation has nothing to check: three plain inserts.
-        run = RunRow(
-            id=run_id,
-            agent=agent,
-            conversation_id=conv,
-            status="queued",
-            tools_digest=tools_digest,
-            created_at=now,
-            updated_at=now,
-        )
-        with db.transaction() as conn:
-            conn.execute(_RUNS.insert(), run.model_dump())
-            conn.execute(
-                _MESSAGE_TABLE.insert(),
-                _message_values(conv, run_id, 0, tx.user_message(prompt, run_id)),
-            )
-            return enqueue_turn(conn, run_id, run.version, label=_label(run))
+        return create_runs(db, agent=agent, runs=[(run_id, prompt)], tools_digest=tools_digest)[0]
     with db.write() as s:
         history = _conversation(s, conv)
         _check_can_continue(s, conv, history)
@@ -118,6 +103,39 @@ def create_run(
         s.add(_message_row(run, len(history), tx.user_message(prompt, run_id)))
         s.flush()
         return enqueue_turn(s, run_id, run.version, label=_label(run))
+
+
+def create_runs(
+    db: Database,
+    *,
+    agent: str,
+    runs: list[tuple[str, str]],
+    tools_digest: str | None = None,
+) -> list[OutboxRow]:
+    """Many queued runs, each a new conversation, in one transaction: `runs` is (id, prompt)."""
+    now = utcnow()
+    rows = [
+        RunRow(
+            id=run_id,
+            agent=agent,
+            conversation_id=run_id,
+            status="queued",
+            tools_digest=tools_digest,
+            created_at=now,
+            updated_at=now,
+        )
+        for run_id, _ in runs
+    ]
+    with db.transaction() as conn:
+        conn.execute(_RUNS.insert(), [r.model_dump() for r in rows])
+        conn.execute(
+            _MESSAGE_TABLE.insert(),
+            [
+                _message_values(run_id, run_id, 0, tx.user_message(prompt, run_id))
+                for run_id, prompt in runs
+            ],
+        )
+        return [enqueue_turn(conn, r.id, r.version, label=_label(r)) for r in rows]
 
 
 def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) -> None:

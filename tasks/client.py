@@ -30,6 +30,7 @@ from store import (
     accept_answer,
     cancel_run,
     create_run,
+    create_runs,
     list_requests,
     migrate,
     run_result,
@@ -87,9 +88,7 @@ class DurableClient:
         self, agent: Agent | str, prompt: str, *, conversation_id: str | None = None
     ) -> str:
         """Queue a run of `agent` on `prompt`; returns its id at once."""
-        name = agent.name if isinstance(agent, Agent) else agent
-        known = agent if isinstance(agent, Agent) else registered_agents().get(name)
-        digest = (await known.toolkit()).digest() if known is not None else None
+        name, digest = await self._agent(agent)
         run_id = new_id("run")
         row = await asyncio.to_thread(
             create_run,
@@ -102,6 +101,25 @@ class DurableClient:
         )
         await asyncio.to_thread(publish, self.app, self.db, [row])
         return run_id
+
+    async def start_many(self, agent: Agent | str, prompts: list[str]) -> list[str]:
+        """Queue one run per prompt, in one transaction; returns their ids in order.
+
+        For batch jobs: far faster than `start` in a loop.
+        """
+        name, digest = await self._agent(agent)
+        runs = [(new_id("run"), prompt) for prompt in prompts]
+        rows = await asyncio.to_thread(
+            create_runs, self.db, agent=name, runs=runs, tools_digest=digest
+        )
+        await asyncio.to_thread(publish, self.app, self.db, rows)
+        return [run_id for run_id, _ in runs]
+
+    async def _agent(self, agent: Agent | str) -> tuple[str, str | None]:
+        """The agent's name, and its tools' digest when this process knows the agent."""
+        name = agent.name if isinstance(agent, Agent) else agent
+        known = agent if isinstance(agent, Agent) else registered_agents().get(name)
+        return name, (await known.toolkit()).digest() if known is not None else None
 
     async def result(
         self, run_id: str, *, wait: bool = False, timeout: float | None = None

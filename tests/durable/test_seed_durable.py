@@ -43,3 +43,14 @@ async def test_example_3_a_real_tool_runs_on_the_worker_and_a_decline_does_not_a
     assert res.status == "done", "a declined relay must not abort the run"
     assert res.tool_calls[1].is_error, "the declined relay is an error tool result"
     assert res.text == "handled the decline"
+
+
+async def test_a_batch_of_runs_starts_in_one_call_and_each_finishes(client: DurableClient):
+    prompts = [f"batch item {i}" for i in range(12)]
+
+    ids = await client.start_many("seed-three", prompts)
+    results = [await client.result(i, wait=True, timeout=30) for i in ids]
+
+    assert len(set(ids)) == 12
+    assert [r.status for r in results] == ["pending"] * 12
+    assert [r.messages[0]["content"] for r in results] == prompts, "in input order"
