@@ -162,19 +162,7 @@ def claim_turn(
             _CLAIM, {"rid": run_id, "v": version, "task": task_id, "until": now + lease, "now": now}
         ).first()
         if took is not None:
-            return Claim(
-                run_id=run_id,
-                version=took.version,
-                agent=took.agent,
-                conversation_id=took.conversation_id,
-                tools_digest=took.tools_digest,
-                attempts=took.attempts,
-                turns=took.turns,
-                messages=[
-                    dict(b)
-                    for b in conn.execute(_MESSAGES, {"conv": took.conversation_id}).scalars()
-                ],
-            )
+            return _claim_of(run_id, took, _conversation(conn, took.conversation_id))
     with db.write() as s:
         run = s.get(RunRow, run_id, with_for_update=True)
         if run is None:
@@ -193,17 +181,24 @@ def claim_turn(
         run.claimed_by = task_id
         run.lease_until = now + lease
         run.updated_at = now
-        return Claim(
-            run_id=run.id,
-            version=run.version,
-            agent=run.agent,
-            conversation_id=run.conversation_id,
-            tools_digest=run.tools_digest,
-            attempts=run.attempts,
-            turns=run.turns,
-            taken_over=taken_over,
-            messages=_conversation(s, run.conversation_id),
-        )
+        return _claim_of(run_id, run, _conversation(s, run.conversation_id), taken_over=taken_over)
+
+
+def _claim_of(
+    run_id: str, run: Any, messages: list[dict[str, Any]], *, taken_over: bool = False
+) -> Claim:
+    """A Claim from the run as claimed: a RunRow or a row of the claim's RETURNING."""
+    return Claim(
+        run_id=run_id,
+        version=run.version,
+        agent=run.agent,
+        conversation_id=run.conversation_id,
+        tools_digest=run.tools_digest,
+        attempts=run.attempts,
+        turns=run.turns,
+        taken_over=taken_over,
+        messages=messages,
+    )
 
 
 _RUNS = RunRow.__table__  # type: ignore[attr-defined]
@@ -278,12 +273,10 @@ def transcript(db: Database, conversation_id: str) -> list[dict[str, Any]]:
 
 
 def _conversation(
-    s: Session, conversation_id: str, upto: int | None = None
+    s: Session | Connection, conversation_id: str, upto: int | None = None
 ) -> list[dict[str, Any]]:
-    query = select(MessageRow.body).where(MessageRow.conversation_id == conversation_id)
-    if upto is not None:
-        query = query.where(MessageRow.seq <= upto)
-    return [dict(body) for body in s.exec(query.order_by(col(MessageRow.seq)))]
+    query = _MESSAGES if upto is None else _MESSAGES.where(_MESSAGE_TABLE.c.seq <= upto)
+    return [dict(body) for body in s.execute(query, {"conv": conversation_id}).scalars()]
 
 
 def _message_row(run: RunRow, seq: int, body: dict[str, Any]) -> MessageRow:
