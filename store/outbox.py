@@ -38,6 +38,10 @@ SWEEP_TASK = "relayq.sweep"
 MAINTENANCE_QUEUE = "relayq.maintenance"
 
 
+_TABLE = OutboxRow.__table__  # type: ignore[attr-defined]
+_INSERT = insert(_TABLE).returning(_TABLE.c.id)
+
+
 def enqueue_turn(
     session: Session | Connection,
     run_id: str,
@@ -57,9 +61,7 @@ def enqueue_turn(
         "created_at": utcnow(),
     }
     # A plain INSERT ... RETURNING: the ORM's unit of work costs more than the row.
-    row_id = session.execute(
-        insert(OutboxRow.__table__).values(**values).returning(OutboxRow.__table__.c.id)  # type: ignore[attr-defined]
-    ).scalar_one()
+    row_id = session.execute(_INSERT, values).scalar_one()
     return OutboxRow(id=row_id, **values)
 
 

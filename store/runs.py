@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, update
+from sqlalchemy import Connection, bindparam, func
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
@@ -235,15 +235,37 @@ _MESSAGES = (
     .where(_MESSAGE_TABLE.c.conversation_id == bindparam("conv"))
     .order_by(_MESSAGE_TABLE.c.seq)
 )
+# The claim `v` on run `rid` still stands: the check of every write a turn makes.
+_HELD_BY = (
+    _RUNS.c.id == bindparam("rid"),
+    _RUNS.c.version == bindparam("v"),
+    _RUNS.c.status == "running",
+)
 _STILL_HELD = (
     _RUNS.update()
-    .where(
-        _RUNS.c.id == bindparam("rid"),
-        _RUNS.c.version == bindparam("v"),
-        _RUNS.c.status == "running",
-    )
+    .where(*_HELD_BY)
     .values(updated_at=bindparam("now"))
     .returning(_RUNS.c.cancel_requested)
+)
+_FINISH = (
+    _RUNS.update()
+    .where(*_HELD_BY)
+    .values(
+        status=bindparam("status"),
+        version=bindparam("next_v"),
+        tools_digest=func.coalesce(_RUNS.c.tools_digest, bindparam("digest")),
+        turns=bindparam("turns"),
+        prompt_tokens=bindparam("prompt"),
+        completion_tokens=bindparam("completion"),
+        total_tokens=bindparam("total"),
+        attempts=0,
+        error=None,
+        claimed_by=None,
+        lease_until=None,
+        updated_at=bindparam("now"),
+        text=bindparam("text"),
+    )
+    .returning(_RUNS.c.id)
 )
 _CANCEL_FLAG = select(_RUNS.c.cancel_requested).where(_RUNS.c.id == bindparam("rid"))
 _LEDGER_OUTCOME = select(_LEDGER.c.outcome).where(
@@ -407,29 +429,20 @@ def finish_turn(
     with scope as s:
         # The claim check and the run's new state in one statement.
         held = s.execute(
-            update(RunRow)
-            .where(
-                col(RunRow.id) == claim.run_id,
-                col(RunRow.version) == claim.version,
-                col(RunRow.status) == "running",
-            )
-            .values(
-                status=status,
-                version=claim.version + 1,
-                tools_digest=func.coalesce(col(RunRow.tools_digest), tools_digest),
-                turns=turns,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                total_tokens=usage.total_tokens,
-                attempts=0,
-                error=None,
-                claimed_by=None,
-                lease_until=None,
-                updated_at=now,
-                text=turn.text if turn.status == "done" else None,
-            )
-            .returning(col(RunRow.id))
-            .execution_options(synchronize_session=False)
+            _FINISH,
+            {
+                "rid": claim.run_id,
+                "v": claim.version,
+                "status": status,
+                "next_v": claim.version + 1,
+                "digest": tools_digest,
+                "turns": turns,
+                "prompt": usage.prompt_tokens,
+                "completion": usage.completion_tokens,
+                "total": usage.total_tokens,
+                "now": now,
+                "text": turn.text if turn.status == "done" else None,
+            },
         ).first()
         if held is None:
             raise StaleClaim(claim.run_id, claim.version)
@@ -545,15 +558,7 @@ def renew_leases(db: Database, holds: dict[str, int], lease: timedelta) -> None:
     if not holds:
         return
     until = utcnow() + lease
-    renew = (
-        _RUNS.update()
-        .where(
-            _RUNS.c.id == bindparam("rid"),
-            _RUNS.c.version == bindparam("v"),
-            _RUNS.c.status == "running",
-        )
-        .values(lease_until=until)
-    )
+    renew = _RUNS.update().where(*_HELD_BY).values(lease_until=until)
     with db.transaction() as conn:
         conn.execute(renew, [{"rid": r, "v": v} for r, v in holds.items()])
 

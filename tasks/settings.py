@@ -14,6 +14,7 @@
 | `RELAYQ_SWEEP_EVERY` | `15` | seconds between each worker's sweeps (beat may sweep too) |
 | `RELAYQ_POOL` | `asyncio` | `asyncio` (many turns per process), `prefork`, `threads` |
 | `RELAYQ_CONCURRENCY` | 500 (asyncio), CPUs (others) | turns one worker process runs at once |
+| `RELAYQ_TASK_EVENTS` | `0` | `1`: task events from the start, not once Flower asks |
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class Settings:
     concurrency: int | None
     lease_seconds: float
     sweep_every: float
+    task_events: bool
+    """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -87,6 +90,7 @@ class Settings:
             concurrency=int(env["RELAYQ_CONCURRENCY"]) if env.get("RELAYQ_CONCURRENCY") else None,
             lease_seconds=float(env.get("RELAYQ_LEASE", "60")),
             sweep_every=float(env.get("RELAYQ_SWEEP_EVERY", "15")),
+            task_events=env.get("RELAYQ_TASK_EVENTS", "0").lower() in ("1", "true", "yes", "on"),
         )
         if settings.turn_time_limit + 120 >= VISIBILITY_TIMEOUT:
             raise ValueError(

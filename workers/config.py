@@ -37,10 +37,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # asyncio pool times a turn out itself, at the soft limit.)
         "task_soft_time_limit": settings.turn_time_limit,
         "task_time_limit": hard_limit,
-        # Task events for Flower; arguments are shown as `argsrepr`, which the
-        # outbox sets to ids and the turn number, never prompts or secrets.
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Task events feed Flower, which turns them on in every worker while it
+        # runs (its `enable_events` broadcast), so they are off until then: three
+        # events a turn cost about a sixth of a worker's turns per second. Their
+        # arguments are `argsrepr`: ids and the turn number, never prompts or secrets.
+        "worker_send_task_events": settings.task_events,
+        # The "sent" event would double the cost of every send; Flower needs none.
+        "task_send_sent_event": False,
         # The sweeper re-sends what was lost and expires overdue requests.
         "beat_schedule": {
             "relayq-sweep": {

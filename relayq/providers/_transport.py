@@ -30,7 +30,10 @@ __all__ = ["RETRYABLE_STATUS", "ProviderModel", "redact"]
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504, 529})
 _BODY_CAP = 500
-_SHARD_SIZE = 32  # connections per httpx pool
+# Connections per httpx pool: a pool scans all its connections at every
+# request: with 500 in flight a call cost 1.9 ms of CPU in shards of 32
+# and 1.0 ms in shards of 8.
+_SHARD_SIZE = 8
 _SECRETS = re.compile(r"(?i)(bearer\s+)[^\s\"']+|\bsk-[A-Za-z0-9_\-]{6,}")
 
 

@@ -49,9 +49,11 @@ def test_the_three_queues_are_declared_and_every_task_is_routed_to_its_own(
     assert {name: route["queue"] for name, route in config["task_routes"].items()} == TASKS
 
 
-def test_workers_send_task_events_for_flower(config: dict[str, Any]):
-    assert config["worker_send_task_events"] is True
-    assert config["task_send_sent_event"] is True
+def test_task_events_wait_for_flower_unless_asked_for_from_the_start(config: dict[str, Any]):
+    assert config["worker_send_task_events"] is False
+    assert config["task_send_sent_event"] is False
+    eager = celery_config(Settings.from_env({"RELAYQ_TASK_EVENTS": "1"}))
+    assert eager["worker_send_task_events"] is True
 
 
 async def test_the_running_worker_registers_exactly_the_four_relayq_tasks(client: DurableClient):
