@@ -583,6 +583,19 @@ def settled(db: Database, run_id: str) -> tuple[str, bool]:
         return run.status, waiting is not None
 
 
+def list_runs(
+    db: Database, *, status: str | None = None, agent: str | None = None, limit: int = 100
+) -> list[RunRow]:
+    """Runs, newest first, optionally of one status and one agent."""
+    query = select(RunRow).order_by(col(RunRow.created_at).desc(), col(RunRow.id).desc())
+    if status is not None:
+        query = query.where(RunRow.status == status)
+    if agent is not None:
+        query = query.where(RunRow.agent == agent)
+    with db.read() as s:
+        return list(s.exec(query.limit(limit)))
+
+
 def get_run(db: Database, run_id: str) -> RunRow:
     with db.read() as s:
         run = s.get(RunRow, run_id)

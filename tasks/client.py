@@ -26,12 +26,14 @@ from relayq.agents import Agent, registered_agents
 from relayq.loop import WaitFor
 from store import (
     Database,
+    RunRow,
     StoredRequest,
     accept_answer,
     cancel_run,
     create_run,
     create_runs,
     list_requests,
+    list_runs,
     migrate,
     run_result,
     settled,
@@ -226,6 +228,12 @@ class DurableClient:
             )
         run_id = await self.submit_answer(reply)
         return await self._follow(run_id, timeout)
+
+    async def runs(
+        self, status: str | None = None, *, agent: str | None = None, limit: int = 100
+    ) -> list[RunRow]:
+        """Stored runs, newest first."""
+        return await asyncio.to_thread(list_runs, self.db, status=status, agent=agent, limit=limit)
 
     async def cancel(self, run_id: str) -> str:
         """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""

@@ -1,0 +1,1 @@
+"""The `relayq` command: processes (worker, beat, flower, api) and host commands."""
