@@ -25,7 +25,7 @@ pytest: $(STAMP)
 	$(BIN)/pytest
 
 demo: $(STAMP)
-	$(BIN)/python -m examples.three_relay_calls
+	$(BIN)/relayq demo
 
 clean:
 	rm -rf $(VENV) .relayq .pytest_cache .mypy_cache .ruff_cache

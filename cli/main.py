@@ -1,7 +1,59 @@
-"""The `relayq` command line (filled in by the CLI work)."""
+"""The `relayq` command line.
+
+relayq worker --agents myagents      # run turns
+relayq run support "refund order 17" # start a run and follow it
+relayq pending                       # what runs wait on
+relayq answer req_... --output ok    # answer, and the run goes on
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+
+import typer
+
+from cli import batch, host, processes
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="relayq",
+    help=(
+        "relayq: durable runs of LLM agents whose tools run somewhere else.\n\n"
+        "Every command reads the same environment as the workers: RELAYQ_HOME (.relayq), "
+        "RELAYQ_DATABASE_URL (SQLite under RELAYQ_HOME), RELAYQ_BROKER_URL (the embedded "
+        "Redis), RELAYQ_KEY_PREFIX and RELAYQ_AGENTS (the modules that define the agents)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# Processes
+app.command(context_settings=processes.PASS_THROUGH)(processes.worker)
+app.command(context_settings=processes.PASS_THROUGH)(processes.beat)
+app.command()(processes.api)
+app.command()(processes.flower)
+app.command()(processes.demo)
+# Runs
+app.command()(host.run)
+app.command()(batch.batch)
+app.command()(host.runs)
+app.command()(host.show)
+app.command()(host.cancel)
+# Requests
+app.command()(host.pending)
+app.command()(host.answer)
+
 
 def main() -> None:
-    raise SystemExit("relayq: the command line is being built")
+    # Agent modules (RELAYQ_AGENTS) import from the current folder, as under `python -m workers`.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    app(prog_name="relayq")
+
+
+if __name__ == "__main__":
+    main()

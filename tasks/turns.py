@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Task, shared_task
+from celery.signals import worker_ready
 
 from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult
 from relayq._retry import backoff
@@ -57,6 +58,40 @@ class TurnFailed(RelayqError):
         return f"run {self.run_id} failed: {self.error}"
 
 
+# The worker's consumer, whose event dispatcher sends the task events Flower reads.
+_worker: dict[str, Any] = {}
+
+
+@worker_ready.connect
+def _keep_consumer(sender: Any = None, **_: Any) -> None:
+    _worker["consumer"] = sender
+
+
+def _progress(task: TaskRef | None, claim: Claim, phase: str) -> None:
+    """A `task-progress` event for Flower: ids, the turn number and a phase, nothing else.
+
+    The worker's own dispatcher (thread-safe) drops task events with one set
+    lookup until Flower's `enable_events` broadcast turns them on, so this costs
+    nothing meanwhile. Under prefork the body runs in a child with no consumer:
+    no progress events there.
+    """
+    consumer = _worker.get("consumer")
+    dispatcher = getattr(consumer, "event_dispatcher", None)
+    if task is None or dispatcher is None:
+        return
+    try:
+        dispatcher.send(
+            "task-progress",
+            uuid=task.id,
+            run=claim.run_id,
+            agent=claim.agent,
+            turn=claim.turns + 1,
+            phase=phase,
+        )
+    except Exception as exc:  # monitoring must never fail a turn
+        log.debug("could not send a progress event: %s", type(exc).__name__)
+
+
 @dataclass(frozen=True)
 class TaskRef:
     """The Celery task and the request it serves, kept past the task body's return."""
@@ -76,9 +111,10 @@ class StoreJournal(Journal):
     same transaction, so boundaries see a cancel without a query of their own.
     """
 
-    def __init__(self, rt: Runtime, claim: Claim) -> None:
+    def __init__(self, rt: Runtime, claim: Claim, task: TaskRef | None = None) -> None:
         self.rt = rt
         self.claim = claim
+        self.task = task
         self.cancelled = False
         self._fresh: int | None = None
         self.stored = claim.messages
@@ -91,6 +127,8 @@ class StoreJournal(Journal):
         self.cancelled = await self.rt.io(save_reply, self.rt.db, self.claim, messages)
         self._fresh = len(messages) - 1
         self.stored = list(messages)
+        if messages[-1].get("tool_calls"):
+            _progress(self.task, self.claim, "tools")
 
     async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
         if at == self._fresh and not attempt:
@@ -112,7 +150,9 @@ def _missing_relay_tools(rt: Runtime, claim: Claim, relay_names: frozenset[str])
     return sorted(names - relay_names)
 
 
-async def _turn(rt: Runtime, claim: Claim, agent: Agent) -> tuple[Turn, list[dict[str, Any]], str]:
+async def _turn(
+    rt: Runtime, task: TaskRef | None, claim: Claim, agent: Agent
+) -> tuple[Turn, list[dict[str, Any]], str]:
     toolkit = await agent.toolkit()
     digest = toolkit.digest()
     if claim.tools_digest not in (None, digest):
@@ -123,7 +163,7 @@ async def _turn(rt: Runtime, claim: Claim, agent: Agent) -> tuple[Turn, list[dic
                 f"that run {claim.run_id} used; it cannot resume",
                 agent.name,
             )
-    journal = StoreJournal(rt, claim)
+    journal = StoreJournal(rt, claim, task)
     async with asyncio.timeout(rt.settings.turn_time_limit):
         turn = await take_turn(
             claim.messages,
@@ -164,7 +204,8 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
         raise TurnFailed(run_id, error)
     try:
         agent = rt.agent(claim.agent)
-        turn, before, digest = await _turn(rt, claim, agent)
+        _progress(task, claim, "model")
+        turn, before, digest = await _turn(rt, task, claim, agent)
         outbox = await rt.io(
             finish_turn,
             rt.db,
@@ -186,6 +227,7 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
         error = _describe(exc)
         await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(run_id, error) from None
+    _progress(task, claim, "saved")
     await rt.publish(outbox)
     return turn.status
 

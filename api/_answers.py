@@ -1,0 +1,127 @@
+"""Answering a request over HTTP: the body, and the checks that pick 404, 409 or 422.
+
+The store's `accept_answer` is the judge (a ResumeError changes nothing); the
+checks here only tell the caller *why* an answer was refused: no such request
+(404), a request that takes no more answers (409), or an answer that does not
+fit its calls (422).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import HTTPException
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+from relayq import Answer, ResumeError
+from relayq.relay import RelayResult, relay_answer, relay_calls_of
+from store import StoredRequest, get_request, get_run
+from store.models import utcnow
+from tasks import DurableClient
+
+__all__ = ["AnswerBody", "answer_request", "approval", "stored_request"]
+
+
+class AnswerBody(BaseModel):
+    """An answer to one request: approve with `output` (or `results`, or raw `data`),
+    or decline with `ok: false` and a `reason`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ok: StrictBool = True
+    """False declines: every call of the request gets an error result carrying `reason`."""
+    output: str | None = None
+    """The single call's output (the `{output}` shorthand)."""
+    results: list[RelayResult] | None = Field(default=None, min_length=1)
+    """One result per call id: `[{id, output, isError?}]`."""
+    data: dict[str, Any] | None = None
+    """The answer's data as is, for requests of other kinds."""
+    reason: str | None = None
+    """Why the request is declined."""
+    partial: StrictBool = False
+    """Keep the request open until every call has a result."""
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> AnswerBody:
+        given = [k for k in ("output", "results", "data") if getattr(self, k) is not None]
+        if not self.ok:
+            if given:
+                raise ValueError(f"a declined answer (ok: false) takes no {', '.join(given)}")
+            if self.partial:
+                raise ValueError("a declined answer cannot be partial")
+        else:
+            if len(given) != 1:
+                raise ValueError("ok: true takes exactly one of output, results, data")
+            if self.reason is not None:
+                raise ValueError("reason goes with ok: false")
+        return self
+
+    def answer(self, request_id: str) -> Answer:
+        if not self.ok:
+            return Answer(id=request_id, ok=False, reason=self.reason or "declined")
+        if self.results is not None:
+            return relay_answer(request_id, self.results)
+        if self.output is not None:
+            return Answer(id=request_id, data={"output": self.output})
+        return Answer(id=request_id, data=self.data)
+
+
+async def stored_request(client: DurableClient, request_id: str) -> StoredRequest:
+    """The stored request, or 404."""
+    try:
+        return await asyncio.to_thread(get_request, client.db, request_id)
+    except ResumeError as exc:
+        raise HTTPException(404, str(exc)) from exc
+
+
+async def _closed(client: DurableClient, stored: StoredRequest) -> str | None:
+    """Why the request takes no answer now, if it takes none."""
+    if stored.status != "open":
+        return f"request {stored.request.id} is already {stored.status}"
+    expires = stored.request.expires_at
+    if expires is not None and utcnow() >= expires:
+        return f"request {stored.request.id} expired at {expires.isoformat()}"
+    run = await asyncio.to_thread(get_run, client.db, stored.run_id)
+    if run.status != "pending" or run.cancel_requested:
+        state = "cancelled" if run.cancel_requested else run.status
+        return f"run {run.id} of request {stored.request.id} is {state}"
+    return None
+
+
+def _repeated(stored: StoredRequest, answer: Answer) -> bool:
+    """Whether the answer gives a result to a call that an earlier partial answer gave one."""
+
+    def ids(a: Answer | None) -> set[Any]:
+        results = (a.data or {}).get("results") if a is not None else None
+        if not isinstance(results, list):
+            return set()
+        return {r.get("id") for r in results if isinstance(r, dict)}
+
+    return bool(ids(stored.answer) & ids(answer))
+
+
+async def answer_request(
+    client: DurableClient, answer: Answer, *, answered_by: str, partial: bool = False
+) -> StoredRequest:
+    """Submit the answer; HTTPException 404, 409 or 422 (nothing changed) if it is refused."""
+    stored = await stored_request(client, answer.id)
+    conflict = await _closed(client, stored)
+    if conflict is not None:
+        raise HTTPException(409, conflict)
+    try:
+        await client.submit_answer(answer, answered_by=answered_by, partial=partial)
+    except ResumeError as exc:
+        # Look again: another answer may have won meanwhile.
+        now = await stored_request(client, answer.id)
+        taken = await _closed(client, now) is not None or _repeated(now, answer)
+        raise HTTPException(409 if taken else 422, str(exc)) from exc
+    return await stored_request(client, answer.id)
+
+
+def approval(stored: StoredRequest, output: str) -> Answer:
+    """The inbox's approve button: `output` for every call of the request."""
+    calls = relay_calls_of(stored.request)
+    if len(calls) > 1:
+        return relay_answer(stored.request.id, [RelayResult(id=c.id, output=output) for c in calls])
+    return Answer(id=stored.request.id, data={"output": output})

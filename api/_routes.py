@@ -1,0 +1,169 @@
+"""The JSON API under `/api`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from api._answers import AnswerBody, answer_request, stored_request
+from api._auth import Answerer, Reader, Submitter
+from api._events import event_stream
+from relayq import RunResult
+from relayq.agents import AgentError, get_agent
+from store import RunRow, StoredRequest, UnknownRun
+from tasks import DurableClient
+
+__all__ = ["router"]
+
+RunStatusQuery = Literal[
+    "queued", "running", "pending", "done", "failed", "cancelled", "incomplete"
+]
+RequestStatusQuery = Literal["open", "answered", "expired", "cancelled"]
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
+    )
+
+
+class NewRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(min_length=1)
+    """A registered agent's name."""
+    prompt: str = Field(min_length=1)
+
+
+class Created(BaseModel):
+    id: str
+
+
+class RunSummary(_Camel):
+    """A run without its transcript; `GET /api/runs/{id}` has the whole RunResult."""
+
+    id: str
+    agent: str
+    status: str
+    conversation_id: str
+    turns: int
+    text: str | None
+    error: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, row: RunRow) -> RunSummary:
+        return cls.model_validate(row.model_dump())
+
+
+class Cancelled(_Camel):
+    id: str
+    status: str
+    """`cancelled`, a finished status, or `running` until the run's next boundary."""
+
+
+def _client(request: Request) -> DurableClient:
+    client: DurableClient = request.app.state.client
+    return client
+
+
+router = APIRouter(prefix="/api", tags=["api"])
+
+
+@router.post("/runs", status_code=201)
+async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
+    """Start a run of `agent` on `prompt`."""
+    try:
+        agent = get_agent(body.agent)
+    except AgentError as exc:
+        raise HTTPException(404, str(exc)) from exc
+    return Created(id=await _client(request).start(agent, body.prompt))
+
+
+@router.get("/runs")
+async def list_runs(
+    request: Request,
+    who: Reader,
+    status: RunStatusQuery | None = None,
+    agent: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[RunSummary]:
+    """Runs, newest first."""
+    rows = await _client(request).runs(status, agent=agent, limit=limit)
+    return [RunSummary.of(r) for r in rows]
+
+
+@router.get("/runs/{run_id}")
+async def get_run(run_id: str, request: Request, who: Reader) -> RunResult:
+    """The run as stored, with its transcript (`messages`) and the request it waits on."""
+    try:
+        return await _client(request).result(run_id)
+    except UnknownRun as exc:
+        raise HTTPException(404, str(exc)) from exc
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel_run(run_id: str, request: Request, who: Submitter) -> Cancelled:
+    """Cancel a run: at once if queued or pending, else at its next boundary."""
+    try:
+        status = await _client(request).cancel(run_id)
+    except UnknownRun as exc:
+        raise HTTPException(404, str(exc)) from exc
+    return Cancelled(id=run_id, status=status)
+
+
+@router.get("/requests")
+async def list_requests(
+    request: Request,
+    who: Reader,
+    status: RequestStatusQuery | None = None,
+    agent: str | None = None,
+    kind: str | None = None,
+    run_id: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[StoredRequest]:
+    """Requests, newest first; every status unless `status` is given."""
+    return await _client(request).requests(
+        status, agent=agent, kind=kind, run_id=run_id, limit=limit
+    )
+
+
+@router.get("/requests/{request_id}")
+async def get_request(request_id: str, request: Request, who: Reader) -> StoredRequest:
+    return await stored_request(_client(request), request_id)
+
+
+@router.post("/requests/{request_id}/answer")
+async def answer(
+    request_id: str, body: AnswerBody, request: Request, who: Answerer
+) -> StoredRequest:
+    """Answer a request once; returns it as stored after (still `open` after a partial answer).
+
+    404: no such request. 409: it is answered, expired or cancelled, or a call
+    already has a result. 422: the answer does not fit the request's calls.
+    """
+    return await answer_request(
+        _client(request), body.answer(request_id), answered_by=who.name, partial=body.partial
+    )
+
+
+@router.get("/events", response_class=EventSourceResponse)
+async def events(
+    request: Request, who: Reader, run_id: str | None = None
+) -> AsyncIterator[ServerSentEvent]:
+    """Server-sent events: `ready` once, then `run` and `request` whenever one changes."""
+    state: Any = request.app.state
+    state.event_streams += 1
+    try:
+        async for event in event_stream(_client(request).db, run_id=run_id):
+            yield event
+    finally:
+        state.event_streams -= 1

@@ -1,0 +1,277 @@
+"""`relayq batch`: one run per line of a JSONL file, followed to the end, resumable.
+
+Next to the output sits a state file (`results.jsonl.runs`) mapping each job id
+to its run id, written as soon as the runs are started. Running the same
+command again re-attaches to those runs instead of starting them again, so an
+interrupted batch (Ctrl-C, a closed laptop, --timeout) picks up where it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlmodel import col, select
+
+from cli._common import fail, known_agent, run_with_client, settings
+from store import FINISHED, Database, RunRow
+from tasks.client import DurableClient
+
+__all__ = ["Job", "batch", "read_jobs", "sidecar_of"]
+
+# Ids per query when reading the runs' states (SQLite caps bound parameters).
+CHUNK = 500
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    line: int
+    """Where the job sits in the input file, from 1."""
+    id: str | int
+    """The job's id as given; `key` is its string form."""
+    prompt: str
+
+    @property
+    def key(self) -> str:
+        return str(self.id)
+
+
+def read_jobs(path: Path) -> list[Job]:
+    """Every job of a JSONL file, or a one-line error naming the first bad line."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}")
+    jobs: list[Job] = []
+    seen: dict[str, int] = {}
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        job = _job(path, number, text)
+        if job.key in seen:
+            fail(f"{path} line {number}: duplicate id {job.id!r} (first on line {seen[job.key]})")
+        seen[job.key] = number
+        jobs.append(job)
+    if not jobs:
+        fail(f"{path} holds no jobs")
+    return jobs
+
+
+def _job(path: Path, number: int, text: str) -> Job:
+    where = f"{path} line {number}"
+    try:
+        item = json.loads(text)
+    except ValueError as exc:
+        fail(f"{where}: not valid JSON ({exc})")
+    if not isinstance(item, dict):
+        fail(f'{where}: expected an object like {{"id": ..., "prompt": ...}}')
+    job_id, prompt = item.get("id"), item.get("prompt")
+    if job_id is None:
+        fail(f'{where}: missing "id"')
+    if isinstance(job_id, bool) or not isinstance(job_id, str | int) or job_id == "":
+        fail(f'{where}: "id" must be a non-empty string or an integer')
+    if prompt is None:
+        fail(f'{where}: missing "prompt"')
+    if not isinstance(prompt, str) or not prompt.strip():
+        fail(f'{where}: "prompt" must be a non-empty string')
+    return Job(line=number, id=job_id, prompt=prompt)
+
+
+def sidecar_of(output: Path) -> Path:
+    """The state file that makes a batch resumable: job id -> run id."""
+    return output.with_name(output.name + ".runs")
+
+
+def _load_sidecar(path: Path, agent: str) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    try:
+        state = json.loads(path.read_text())
+        known = state["runs"]
+        if not isinstance(known, dict):
+            raise TypeError("runs is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        fail(f"cannot read the batch state {path} ({exc}); delete it to start the batch over")
+    if state.get("agent") != agent:
+        fail(
+            f"{path} records a batch of agent {state.get('agent')!r}, not {agent!r}; "
+            "use another output file or delete it to start over"
+        )
+    return {str(k): str(v) for k, v in known.items()}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _save_sidecar(path: Path, agent: str, runs: dict[str, str]) -> None:
+    _write_atomically(path, json.dumps({"agent": agent, "runs": runs}, indent=1) + "\n")
+
+
+def batch(
+    agent: Annotated[str, typer.Argument(help="A registered agent (see RELAYQ_AGENTS).")],
+    jobs_file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="JOBS.jsonl", help='One job a line: {"id": ..., "prompt": ...}.', dir_okay=False
+        ),
+    ],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", "-o", help="Where the results go, one JSON line per job in input order."
+        ),
+    ],
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Stop waiting after this many seconds; re-run to wait on."),
+    ] = None,
+) -> None:
+    """Run an agent once per job and write each job's outcome.
+
+    The file is checked whole before any run starts. Runs pending on a request
+    keep the batch waiting until they are answered (`relayq pending`). Results
+    are {"id", "run_id", "status", "text", "error"}. Re-running the same command
+    starts nothing for jobs already started (state in OUTPUT.runs). Exits 0 when
+    every job is done, 1 otherwise.
+    """
+    jobs = read_jobs(jobs_file)
+    current = settings()
+    known_agent(agent, current)
+    sidecar = sidecar_of(output)
+    runs = _load_sidecar(sidecar, agent)
+    err = Console(stderr=True, highlight=False)
+
+    async def go(client: DurableClient) -> dict[str, RunRow]:
+        todo = [job for job in jobs if job.key not in runs]
+        if todo:
+            started = await client.start_many(agent, [job.prompt for job in todo])
+            runs.update(zip((job.key for job in todo), started, strict=True))
+            _save_sidecar(sidecar, agent, runs)
+        err.print(f"{len(jobs)} jobs: {len(todo)} started, {len(jobs) - len(todo)} already started")
+        return await _watch(client.db, jobs, runs, output, timeout=timeout, err=err)
+
+    states = run_with_client(go, current)
+    _verdict(jobs, runs, states, output, timeout)
+
+
+async def _watch(
+    db: Database,
+    jobs: list[Job],
+    runs: dict[str, str],
+    output: Path,
+    *,
+    timeout: float | None,
+    err: Console,
+) -> dict[str, RunRow]:
+    """Poll the runs until all have finished or `timeout`; the results are written either way."""
+    ids = [runs[job.key] for job in jobs]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    states: dict[str, RunRow] = {}
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("done {task.fields[done]}  pending {task.fields[pending]}  "),
+        TextColumn("failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+    )
+    try:
+        with Progress(*columns, console=err) as progress:
+            bar = progress.add_task("batch", total=len(ids), done=0, pending=0, failed=0)
+            delay = 0.05
+            while True:
+                states = await asyncio.to_thread(_states, db, ids)
+                counts = _counts(states.values())
+                progress.update(
+                    bar,
+                    completed=counts["finished"],
+                    done=counts["done"],
+                    pending=counts["pending"],
+                    failed=counts["failed"],
+                )
+                if counts["finished"] == len(ids):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+    finally:
+        if states:
+            _write_results(output, jobs, runs, states)
+    return states
+
+
+def _states(db: Database, ids: list[str]) -> dict[str, RunRow]:
+    found: dict[str, RunRow] = {}
+    with db.read() as s:
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start : start + CHUNK]
+            found.update((r.id, r) for r in s.exec(select(RunRow).where(col(RunRow.id).in_(chunk))))
+    missing = [i for i in ids if i not in found]
+    if missing:
+        fail(
+            f"the store holds no run {missing[0]} (and {len(missing) - 1} more) that the batch "
+            "state names; delete the .runs file next to the output to start over"
+        )
+    return found
+
+
+def _counts(rows: Any) -> dict[str, int]:
+    counts = {"finished": 0, "done": 0, "pending": 0, "failed": 0}
+    for row in rows:
+        if row.status in FINISHED:
+            counts["finished"] += 1
+            counts["done" if row.status == "done" else "failed"] += 1
+        elif row.status == "pending":
+            counts["pending"] += 1
+    return counts
+
+
+def _write_results(
+    output: Path, jobs: list[Job], runs: dict[str, str], states: dict[str, RunRow]
+) -> None:
+    lines = []
+    for job in jobs:
+        row = states[runs[job.key]]
+        result = {
+            "id": job.id,
+            "run_id": row.id,
+            "status": row.status,
+            "text": row.text or "",
+            "error": row.error,
+        }
+        lines.append(json.dumps(result, ensure_ascii=False))
+    _write_atomically(output, "\n".join(lines) + "\n")
+
+
+def _verdict(
+    jobs: list[Job],
+    runs: dict[str, str],
+    states: dict[str, RunRow],
+    output: Path,
+    timeout: float | None,
+) -> None:
+    statuses = [states[runs[job.key]].status for job in jobs]
+    summary = ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses)))
+    typer.echo(f"{len(jobs)} jobs: {summary}; results in {output}")
+    unfinished = sum(1 for s in statuses if s not in FINISHED)
+    if unfinished:
+        fail(
+            f"{unfinished} of {len(jobs)} runs not finished after {timeout or 0:g} s; "
+            "run the same command again to wait on them"
+        )
+    not_done = sum(1 for s in statuses if s != "done")
+    if not_done:
+        fail(f"{not_done} of {len(jobs)} runs did not end done; see {output}")

@@ -1,0 +1,523 @@
+"""The `relayq` command line against real workers: in-process with CliRunner, and as a process."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from cli.main import app
+from relayq import RunResult
+from store import get_request, list_requests, list_runs, run_result
+from store.answers import StoredRequest
+from tests.processes import stop_group
+
+from .conftest import ROOT, Durable
+
+RELAYQ = Path(sys.executable).parent / "relayq"
+COMMANDS = [
+    "worker", "beat", "api", "flower", "demo", "run", "batch",
+    "runs", "show", "cancel", "pending", "answer",
+]  # fmt: skip
+
+
+@pytest.fixture
+def cli(durable: Durable) -> Callable[..., Result]:
+    """Invoke `relayq ARGS` in this process, with the environment the workers have."""
+    runner = CliRunner()
+    env = {**durable.env, "COLUMNS": "250"}
+
+    def invoke(*args: str) -> Result:
+        return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+    return invoke
+
+
+def one_error_line(result: Result) -> str:
+    """The single `relayq: error:` line a refused command prints, and nothing else on stderr."""
+    assert result.exit_code != 0, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("relayq: error: "), lines[0]
+    return lines[0]
+
+
+def run_id_in(output: str) -> str:
+    found = re.search(r"^run (run_[0-9a-f]+)", output, re.MULTILINE)
+    assert found, output
+    return found.group(1)
+
+
+def request_id_in(output: str) -> str:
+    found = re.search(r"^pending (req_[0-9a-f]+)", output, re.MULTILINE)
+    assert found, output
+    return found.group(1)
+
+
+def settle(durable: Durable, run_id: str, status: str, timeout: float = 30.0) -> RunResult:
+    """Poll the store until the run reaches `status`."""
+    db = durable.db()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            res = run_result(db, run_id)
+            if res.status == status:
+                return res
+            if time.monotonic() > deadline:
+                pytest.fail(f"run {run_id} is {res.status}, not {status}, after {timeout:g} s")
+            time.sleep(0.05)
+    finally:
+        db.dispose()
+
+
+def store_snapshot(durable: Durable) -> tuple[list[Any], list[StoredRequest]]:
+    """Every run's id and status, and every request: what a refused command must not change."""
+    db = durable.db()
+    try:
+        runs = [(r.id, r.status, r.version) for r in list_runs(db, limit=1_000_000)]
+        return runs, list_requests(db, status=None, limit=1_000_000)
+    finally:
+        db.dispose()
+
+
+def run_count(durable: Durable) -> int:
+    return len(store_snapshot(durable)[0])
+
+
+def stored_request(durable: Durable, request_id: str) -> StoredRequest:
+    db = durable.db()
+    try:
+        return get_request(db, request_id)
+    finally:
+        db.dispose()
+
+
+def halt_on_lookup(cli: Callable[..., Result], prompt: str) -> tuple[str, str]:
+    """Run the `lookup` agent until it waits on its relay call; returns (run id, request id)."""
+    result = cli("run", "lookup", prompt, "--timeout", "30")
+    assert result.exit_code == 0, result.output
+    assert "→ lookup" in result.stdout
+    return run_id_in(result.stdout), request_id_in(result.stdout)
+
+
+# --- help and processes -------------------------------------------------------------
+
+
+def test_every_command_has_help_as_a_real_process():
+    # The console script itself, as installed
+    top = subprocess.run([str(RELAYQ), "--help"], capture_output=True, text=True, timeout=30)
+    assert top.returncode == 0, top.stderr
+    for command in COMMANDS:
+        assert command in top.stdout
+
+    for command in COMMANDS:
+        done = subprocess.run(
+            [sys.executable, "-m", "cli.main", command, "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        assert f"relayq {command}" in done.stdout, done.stdout
+    assert (
+        "RELAYQ_AGENTS"
+        in subprocess.run(
+            [str(RELAYQ), "worker", "--help"], capture_output=True, text=True, timeout=30
+        ).stdout
+    )
+
+
+def test_run_as_a_real_process_streams_tool_calls_and_results_then_the_text(
+    durable: Durable, prompt: str
+):
+    done = subprocess.run(
+        [str(RELAYQ), "run", "two-step", prompt, "--timeout", "30"],
+        cwd=ROOT,
+        env={**durable.env, "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("run run_")
+    assert f"user  {prompt}" in lines
+    assert any(line.strip().startswith("→ step {}") for line in lines), done.stdout
+    assert "  ← step: stepped" in lines
+    assert lines[-2:] == ["done", "stepped"]
+
+
+@pytest.fixture
+def cli_worker(durable: Durable, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A worker started by `relayq worker`, on a key prefix of its own; yields its environment."""
+    env = {
+        **durable.env,
+        "RELAYQ_KEY_PREFIX": durable.broker.new_prefix(),
+        "RELAYQ_AGENTS": "",  # the --agents option has to set it
+    }
+    log = tmp_path / "cli-worker.log"
+    name = f"cli-{uuid.uuid4().hex[:6]}@%h"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [str(RELAYQ), "worker", "--agents", "tests.durable.agents", "-c", "2", "-l", "info",
+             "--", "--without-mingle", "--without-gossip", "-n", name],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 40
+        while b" ready." not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"relayq worker did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        yield {**env, "RELAYQ_AGENTS": "tests.durable.agents"}
+    finally:
+        stop_group(proc)
+
+
+def test_relayq_worker_starts_a_worker_that_runs_turns(cli_worker: dict[str, str], prompt: str):
+    result = CliRunner().invoke(
+        app, ["run", "recall", prompt, "--timeout", "30"], env=cli_worker, catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-2:] == ["done", prompt]
+
+
+def test_a_bad_agents_module_stops_the_worker_with_one_line(durable: Durable):
+    done = subprocess.run(
+        [str(RELAYQ), "worker", "--agents", "no_such_module_here"],
+        cwd=ROOT,
+        env=durable.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "relayq: error: cannot import agent module 'no_such_module_here': "
+        "No module named 'no_such_module_here'"
+    ]
+
+
+# --- run, show, answer, pending, runs, cancel ----------------------------------------
+
+
+def test_run_prints_the_final_text_of_a_done_run(cli: Callable[..., Result], prompt: str):
+    result = cli("run", "recall", prompt, "--timeout", "30")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-2:] == ["done", prompt]
+    assert result.stderr == ""
+
+
+def test_run_gives_up_after_its_timeout_with_a_non_zero_exit(
+    cli: Callable[..., Result], durable: Durable, prompt: str
+):
+    result = cli("run", "holding", prompt, "--timeout", "0.5")
+    run_id = run_id_in(result.stdout)
+    try:
+        line = one_error_line(result)
+        assert re.search(rf"run {run_id} is still (queued|running) after 0.5 s", line), line
+    finally:
+        (durable.log / f"release-{run_id}").touch()  # let the held turn end
+    settle(durable, run_id, "done")
+
+
+def test_a_pending_run_is_listed_answered_with_output_and_shown(
+    cli: Callable[..., Result], durable: Durable, prompt: str
+):
+    # Given a run halted on its relay call
+    run_id, request_id = halt_on_lookup(cli, prompt)
+    assert f"relayq answer {request_id} --output TEXT" in cli("show", run_id).stdout
+
+    # Then `pending` and `runs --status pending` list it
+    pending = cli("pending", "--agent", "lookup")
+    assert pending.exit_code == 0
+    row = next(line for line in pending.stdout.splitlines() if request_id in line)
+    assert run_id in row
+    assert "lookup" in row
+    listed = cli("runs", "--status", "pending", "--agent", "lookup", "--limit", "1000")
+    assert run_id in listed.stdout
+    assert run_id not in cli("runs", "--status", "done", "--limit", "1000").stdout
+
+    # When it is answered
+    answered = cli("answer", request_id, "--output", "found it", "--as", "alice")
+    assert answered.exit_code == 0, answered.output
+    assert f"answered {request_id} as alice" in answered.stdout
+
+    # Then the run ends with the answer, and `show` tells the whole story
+    assert settle(durable, run_id, "done").text == "found it"
+    assert request_id not in cli("pending").stdout
+    shown = cli("show", run_id)
+    assert shown.exit_code == 0, shown.output
+    assert f"run {run_id}  agent lookup  done" in shown.stdout
+    assert "── turn 1" in shown.stdout
+    assert "── turn 2" in shown.stdout
+    assert "  ← lookup: found it" in shown.stdout
+    assert f"request {request_id} answered by alice" in shown.stdout
+    assert shown.stdout.splitlines()[-2:] == ["done", "found it"]
+
+
+def test_a_declined_answer_continues_the_run(
+    cli: Callable[..., Result], durable: Durable, prompt: str
+):
+    result = cli("run", "seed-decline", prompt, "--timeout", "30")
+    assert result.exit_code == 0, result.output
+    assert "  ← real_tool: real-output" in result.stdout
+    run_id, request_id = run_id_in(result.stdout), request_id_in(result.stdout)
+
+    declined = cli("answer", request_id, "--decline", "not today")
+    assert declined.exit_code == 0, declined.output
+    assert declined.stdout.startswith(f"declined {request_id}")
+
+    assert settle(durable, run_id, "done").text == "handled the decline"
+    shown = cli("show", run_id).stdout
+    assert "  ✗ relayed_tool: declined: not today" in shown
+    assert f"request {request_id} answered by " in shown
+    assert "(declined)" in shown
+
+
+def test_a_results_file_answers_each_call_by_id(
+    cli: Callable[..., Result], durable: Durable, prompt: str, tmp_path: Path
+):
+    result = cli("run", "seed-three", prompt, "--timeout", "30")
+    run_id, request_id = run_id_in(result.stdout), request_id_in(result.stdout)
+    assert f"relayq answer {request_id} --results results.json" in result.stdout
+    answers = tmp_path / "results.json"
+    answers.write_text(json.dumps([{"id": c, "output": c.upper()} for c in ("c3", "c1", "c2")]))
+    assert cli("answer", request_id, "--results", str(answers)).exit_code == 0
+    assert settle(durable, run_id, "done").text == "C1,C2,C3"
+
+
+@pytest.mark.parametrize(
+    ("content", "complaint"),
+    [
+        ("not json", "is not valid JSON"),
+        ('[{"output": "no id"}]', "item 0.id: Field required"),
+        ("[]", "must hold a non-empty list"),
+    ],
+)
+def test_a_bad_results_file_is_refused_and_changes_nothing(
+    cli: Callable[..., Result],
+    durable: Durable,
+    prompt: str,
+    tmp_path: Path,
+    content: str,
+    complaint: str,
+):
+    _, request_id = halt_on_lookup(cli, prompt)
+    before = store_snapshot(durable)
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+
+    assert complaint in one_error_line(cli("answer", request_id, "--results", str(bad)))
+    assert store_snapshot(durable) == before
+
+
+def test_answering_twice_is_refused_and_the_first_answer_stands(
+    cli: Callable[..., Result], durable: Durable, prompt: str
+):
+    run_id, request_id = halt_on_lookup(cli, prompt)
+    assert cli("answer", request_id, "--output", "first", "--as", "alice").exit_code == 0
+    settle(durable, run_id, "done")
+    before = store_snapshot(durable)
+
+    line = one_error_line(cli("answer", request_id, "--output", "second", "--as", "bob"))
+    assert line == f"relayq: error: request {request_id} is already answered"
+    assert store_snapshot(durable) == before
+    stored = stored_request(durable, request_id)
+    assert stored.answered_by == "alice"
+    assert stored.answer is not None
+    assert stored.answer.data == {"output": "first", "isError": False}
+
+
+def test_an_unknown_request_id_is_refused_and_changes_nothing(
+    cli: Callable[..., Result], durable: Durable
+):
+    before = store_snapshot(durable)
+    line = one_error_line(cli("answer", "req_nosuchrequest", "--output", "x"))
+    assert line == "relayq: error: unknown request id 'req_nosuchrequest'"
+    assert store_snapshot(durable) == before
+
+
+def test_answer_takes_exactly_one_kind_of_answer(cli: Callable[..., Result], durable: Durable):
+    before = store_snapshot(durable)
+    both = cli("answer", "req_x", "--output", "a", "--decline", "b")
+    assert "exactly one of --output, --results, --decline" in one_error_line(both)
+    assert "(got 0)" in one_error_line(cli("answer", "req_x"))
+    assert store_snapshot(durable) == before
+
+
+def test_an_unknown_agent_is_refused_and_starts_nothing(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path
+):
+    before = store_snapshot(durable)
+    line = one_error_line(cli("run", "no-such-agent", "hello"))
+    assert line.startswith("relayq: error: unknown agent 'no-such-agent'")
+    assert "lookup" in line  # it names the agents it knows
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": 1, "prompt": "hello"}\n')
+    batch = cli("batch", "no-such-agent", str(jobs), "-o", str(tmp_path / "out.jsonl"))
+    assert one_error_line(batch).startswith("relayq: error: unknown agent 'no-such-agent'")
+    assert store_snapshot(durable) == before
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_unknown_run_ids_are_refused(cli: Callable[..., Result]):
+    assert one_error_line(cli("show", "run_nosuchrun")) == (
+        "relayq: error: unknown run id 'run_nosuchrun'"
+    )
+    assert one_error_line(cli("cancel", "run_nosuchrun")) == (
+        "relayq: error: unknown run id 'run_nosuchrun'"
+    )
+
+
+def test_cancel_stops_a_pending_run_and_a_second_cancel_is_refused(
+    cli: Callable[..., Result], durable: Durable, prompt: str
+):
+    run_id, request_id = halt_on_lookup(cli, prompt)
+
+    cancelled = cli("cancel", run_id)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert cancelled.stdout.strip() == f"cancelled {run_id}"
+    assert settle(durable, run_id, "cancelled").status == "cancelled"
+    assert stored_request(durable, request_id).status == "cancelled"
+    assert run_id in cli("runs", "--status", "cancelled", "--limit", "1000").stdout
+
+    line = one_error_line(cli("cancel", run_id))
+    assert line == f"relayq: error: run {run_id} is already cancelled; there is nothing to cancel"
+    answer = one_error_line(cli("answer", request_id, "--output", "late"))
+    assert answer == f"relayq: error: request {request_id} is already cancelled"
+
+
+def test_runs_refuses_an_unknown_status(cli: Callable[..., Result]):
+    assert "unknown status 'weird'" in one_error_line(cli("runs", "--status", "weird"))
+
+
+# --- batch ---------------------------------------------------------------------------
+
+
+def write_jobs(path: Path, jobs: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(job) + "\n" for job in jobs))
+    return path
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_batch_writes_results_in_input_order_and_a_rerun_starts_nothing(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path
+):
+    # Given three jobs whose ids are not in sorted order
+    tag = uuid.uuid4().hex
+    jobs = [{"id": job_id, "prompt": f"{job_id} {tag}"} for job_id in ("c", "a", "b")]
+    jobs_file = write_jobs(tmp_path / "jobs.jsonl", jobs)
+    output = tmp_path / "results.jsonl"
+
+    # When the batch runs
+    before = run_count(durable)
+    first = cli("batch", "recall", str(jobs_file), "-o", str(output), "--timeout", "40")
+
+    # Then each job has its run's outcome, in input order, and the state file names the runs
+    assert first.exit_code == 0, first.output
+    assert run_count(durable) == before + 3
+    results = read_results(output)
+    assert [r["id"] for r in results] == ["c", "a", "b"]
+    assert [r["status"] for r in results] == ["done"] * 3
+    assert [r["text"] for r in results] == [job["prompt"] for job in jobs]
+    assert all(r["error"] is None for r in results)
+    assert len({r["run_id"] for r in results}) == 3
+    state = json.loads((tmp_path / "results.jsonl.runs").read_text())
+    assert state["runs"] == {r["id"]: r["run_id"] for r in results}
+
+    # When the same command runs again, it starts nothing and writes the same results
+    again = cli("batch", "recall", str(jobs_file), "-o", str(output), "--timeout", "40")
+    assert again.exit_code == 0, again.output
+    assert "0 started, 3 already started" in again.stderr
+    assert run_count(durable) == before + 3
+    assert read_results(output) == results
+
+
+def test_a_batch_waits_on_pending_runs_and_resumes_them_after_a_timeout(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path
+):
+    # Given a batch whose runs all wait on the host, run with a short timeout
+    tag = uuid.uuid4().hex
+    jobs_file = write_jobs(
+        tmp_path / "jobs.jsonl", [{"id": i, "prompt": f"job {i} {tag}"} for i in (1, 2)]
+    )
+    output = tmp_path / "out.jsonl"
+    before = run_count(durable)
+    deadline = time.monotonic() + 30
+    while True:  # until both runs have reached their requests within one batch's wait
+        first = cli("batch", "lookup", str(jobs_file), "-o", str(output), "--timeout", "1")
+        if [r["status"] for r in read_results(output)] == ["pending", "pending"]:
+            break
+        assert time.monotonic() < deadline, read_results(output)
+
+    # Then it exits non-zero with the runs shown as pending, started once
+    # (stderr holds the progress too: the error is its last line)
+    assert first.exit_code == 1
+    assert first.stderr.strip().splitlines()[-1] == (
+        "relayq: error: 2 of 2 runs not finished after 1 s; "
+        "run the same command again to wait on them"
+    )
+    assert "pending 2" in first.stderr
+    pending = read_results(output)
+    assert [r["id"] for r in pending] == [1, 2]
+    assert run_count(durable) == before + 2
+
+    # When the requests are answered and the batch is run again
+    db = durable.db()
+    try:
+        for row in pending:
+            (request,) = list_requests(db, run_id=row["run_id"])
+            assert cli("answer", request.request.id, "--output", f"ok {row['id']}").exit_code == 0
+    finally:
+        db.dispose()
+    again = cli("batch", "lookup", str(jobs_file), "-o", str(output), "--timeout", "40")
+
+    # Then it re-attaches to the same runs and reports them done
+    assert again.exit_code == 0, again.output
+    done = read_results(output)
+    assert [(r["run_id"], r["status"], r["text"]) for r in done] == [
+        (pending[0]["run_id"], "done", "ok 1"),
+        (pending[1]["run_id"], "done", "ok 2"),
+    ]
+    assert run_count(durable) == before + 2
+
+
+@pytest.mark.parametrize(
+    ("line", "complaint"),
+    [
+        ('{"id": "b", "prompt": "two"', "line 2: not valid JSON"),
+        ('{"id": "b"}', 'line 2: missing "prompt"'),
+        ('{"prompt": "two"}', 'line 2: missing "id"'),
+        ('["b", "two"]', "line 2: expected an object"),
+        ('{"id": "a", "prompt": "again"}', "line 2: duplicate id 'a' (first on line 1)"),
+    ],
+)
+def test_a_bad_jobs_file_is_refused_whole_and_starts_nothing(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path, line: str, complaint: str
+):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(f'{{"id": "a", "prompt": "one"}}\n{line}\n{{"id": "c", "prompt": "three"}}\n')
+    output = tmp_path / "out.jsonl"
+    before = store_snapshot(durable)
+
+    result = cli("batch", "recall", str(jobs), "-o", str(output))
+
+    assert complaint in one_error_line(result)
+    assert store_snapshot(durable) == before
+    assert not output.exists()
+    assert not (tmp_path / "out.jsonl.runs").exists()

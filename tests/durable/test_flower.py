@@ -1,0 +1,186 @@
+"""Flower on the workers' broker: it sees each turn by its label and phase, never the prompt."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tasks import DurableClient
+from tests.processes import stop_group
+from workers.flower import credentials, run
+
+from .conftest import ROOT, Durable, Eventually
+
+
+@dataclass
+class Flower:
+    url: str
+    auth: tuple[str, str]
+    logfile: Path
+    proc: subprocess.Popen[bytes]
+
+    async def get(self, path: str, **params: Any) -> Any:
+        async with httpx.AsyncClient(auth=self.auth, timeout=5) as http:
+            response = await http.get(self.url + path, params=params)
+        response.raise_for_status()
+        return response.json()
+
+    async def turns_of(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """Flower's relayq.run_turn tasks of `run_id`, by task id."""
+        tasks = await self.get("/api/tasks", taskname="relayq.run_turn")
+        return {
+            task_id: task
+            for task_id, task in tasks.items()
+            if f"run={run_id} " in (task.get("args") or "")
+        }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthcheck", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def flower(durable: Durable) -> Iterator[Flower]:
+    """`workers.flower.run` in its own process, with the workers' environment and a password."""
+    port = _free_port()
+    password = secrets.token_urlsafe(12)
+    env = {**durable.env, "RELAYQ_FLOWER_AUTH": f"ops:{password}"}
+    logfile = durable.log.parent / f"flower-{port}.log"
+    with logfile.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"from workers.flower import run; run(port={port})"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not _answers(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"flower did not start:\n{logfile.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield Flower(url, ("ops", password), logfile, proc)
+    finally:
+        stop_group(proc)
+
+
+async def _events_on(durable: Durable, eventually: Eventually) -> None:
+    """Flower turns task events on with a broadcast every 5 s; the worker logs the first."""
+    await eventually(
+        lambda: "Events of group {task} enabled by remote" in durable.worker.logfile.read_text(),
+        timeout=20,
+        what="flower's enable_events broadcast to reach the worker",
+    )
+
+
+async def test_flower_lists_a_runs_turns_by_their_label_and_never_the_prompt(
+    durable: Durable, client: DurableClient, flower: Flower, prompt: str, eventually: Eventually
+):
+    # Given Flower has turned the worker's task events on
+    await _events_on(durable, eventually)
+    secret = f"{prompt}: the customer's card is 4242 4242 4242 4242"
+
+    # When a two-turn run (a tool, then the final text) finishes
+    run_id = await client.start("two-step", secret)
+    assert (await client.result(run_id, wait=True, timeout=20)).status == "done"
+
+    # Then Flower holds both of its turns, labelled with the run, agent and turn number
+    turns = await eventually(
+        lambda: _all_succeeded(flower, run_id, 2), what="flower to see both turns succeed"
+    )
+    labels = sorted(task["args"] for task in turns.values())
+    assert labels == [
+        f"run={run_id} agent=two-step turn=1",
+        f"run={run_id} agent=two-step turn=2",
+    ]
+    assert {task["kwargs"] for task in turns.values()} == {"{}"}
+    # ... the phase each turn's progress events reached last: saved
+    assert {task["phase"] for task in turns.values()} == {"saved"}
+    # ... and the prompt is nowhere in what Flower keeps or serves
+    everything = [await flower.get("/api/tasks")]
+    everything += [await flower.get(f"/api/task/info/{task_id}") for task_id in turns]
+    for data in everything:
+        assert prompt not in str(data)
+
+
+async def _all_succeeded(flower: Flower, run_id: str, count: int) -> dict[str, Any] | None:
+    turns = await flower.turns_of(run_id)
+    states = [t["state"] for t in turns.values()]
+    return turns if states == ["SUCCESS"] * count else None
+
+
+async def test_flower_shows_the_phase_of_a_turn_while_it_runs(
+    durable: Durable, client: DurableClient, flower: Flower, prompt: str, eventually: Eventually
+):
+    # Given task events are on and a run whose tool holds its turn until released
+    await _events_on(durable, eventually)
+    run_id = await client.start("holding", prompt)
+    await eventually(lambda: durable.count("tool", f"hold {run_id}") == 1, what="the tool to start")
+
+    # Then Flower shows the turn in progress, running its tools
+    async def running_tools() -> bool:
+        turns = await flower.turns_of(run_id)
+        return [(t["state"], t["phase"]) for t in turns.values()] == [("PROGRESS", "tools")]
+
+    await eventually(running_tools, what="flower to show the turn running its tools")
+
+    # When the tool is released, the run finishes and Flower shows the turn saved and done
+    (durable.log / f"release-{run_id}").touch()
+    assert (await client.result(run_id, wait=True, timeout=20)).status == "done"
+    await eventually(lambda: _all_succeeded(flower, run_id, 2), what="flower to see both turns")
+
+
+async def test_flower_refuses_requests_without_the_password(flower: Flower):
+    async with httpx.AsyncClient(timeout=5) as http:
+        anonymous = await http.get(flower.url + "/api/tasks")
+        wrong = await http.get(flower.url + "/api/tasks", auth=("ops", "not-the-password"))
+        health = await http.get(flower.url + "/healthcheck")
+    assert anonymous.status_code == 401
+    assert wrong.status_code == 401
+    assert health.status_code == 200  # what the container's health check reads
+
+
+async def test_flower_never_logs_its_password(flower: Flower):
+    await flower.get("/api/workers")
+    log = flower.logfile.read_text()
+    assert "Visit me at" in log
+    assert flower.auth[1] not in log
+
+
+def test_flower_will_not_serve_beyond_loopback_without_a_password(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.delenv("RELAYQ_FLOWER_AUTH", raising=False)
+    with pytest.raises(SystemExit) as refused:
+        run(port=_free_port(), address="0.0.0.0")
+    message = str(refused.value.code)
+    assert "RELAYQ_FLOWER_AUTH" in message
+    assert "\n" not in message
+
+
+def test_a_malformed_password_list_is_refused_without_echoing_it():
+    assert credentials(" ops:pw1, alice:pw2 ") == ["ops:pw1", "alice:pw2"]
+    with pytest.raises(SystemExit) as refused:
+        credentials("ops:hunter2,hunter3")
+    assert (
+        str(refused.value.code)
+        == "relayq flower: entry 2 of RELAYQ_FLOWER_AUTH is not user:password"
+    )

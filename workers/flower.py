@@ -1,0 +1,86 @@
+"""`relayq flower`: Flower on the workers' broker and key prefix, behind basic auth.
+
+    RELAYQ_FLOWER_AUTH="ops:s3cret,alice:other" relayq flower --host 0.0.0.0 --port 5555
+
+Flower runs in this process, through its own `celery flower` command on
+relayq's Celery app, so it reads the same `RELAYQ_*` settings as the workers
+(the embedded Redis when `RELAYQ_BROKER_URL` is unset). Without
+`RELAYQ_FLOWER_AUTH` it serves only on a loopback address. Credentials reach
+Flower in memory, never on a command line or in a log.
+
+Each `relayq.run_turn` shows its label (`run=... agent=... turn=...`) as its
+arguments, and the phase of the turn (`model`, `tools`, `saved`) from the
+workers' `task-progress` events.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+
+from celery.events.state import Task
+from flower.events import EventsState  # type: ignore[import-untyped]
+
+from workers.app import app, settings
+from workers.embedded import ensure_embedded_redis
+
+__all__ = ["FlowerTask", "credentials", "run"]
+
+AUTH_VARIABLE = "RELAYQ_FLOWER_AUTH"
+
+
+class FlowerTask(Task):
+    """A task as Flower keeps it, with the phase its last `task-progress` event gave."""
+
+    phase: str | None = None
+    _fields = (*Task._fields, "phase")
+
+
+def credentials(value: str) -> list[str]:
+    """`user:password` pairs from `RELAYQ_FLOWER_AUTH`, comma-separated.
+
+    >>> credentials("ops:s3cret, alice:other")
+    ['ops:s3cret', 'alice:other']
+    """
+    pairs = [part.strip() for part in value.split(",") if part.strip()]
+    for n, pair in enumerate(pairs, 1):
+        user, sep, password = pair.partition(":")
+        if not (user and sep and password):
+            # Names the entry by position only: the value may hold a password.
+            raise SystemExit(f"relayq flower: entry {n} of {AUTH_VARIABLE} is not user:password")
+    return pairs
+
+
+def _loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def run(port: int = 5555, address: str = "127.0.0.1") -> None:
+    """Serve Flower on `address:port` until SIGTERM or Ctrl-C."""
+    auth = credentials(os.environ.get(AUTH_VARIABLE, ""))
+    if not auth and not _loopback(address):
+        raise SystemExit(
+            f"relayq flower: set {AUTH_VARIABLE}=user:password to serve on "
+            f"{address or 'every address'}; without it Flower serves only on a loopback address"
+        )
+    if not auth:
+        print(
+            f"relayq flower: WARNING: no {AUTH_VARIABLE}, so anyone on this machine can use "
+            f"Flower on {address}:{port}",
+            file=sys.stderr,
+            flush=True,
+        )
+    if settings.embedded_broker:
+        ensure_embedded_redis(settings)
+    # Flower's state builds its tasks from `State.Task`; ours keeps the phase on display.
+    EventsState.Task = FlowerTask
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if auth:
+        argv.append("--basic-auth=" + ",".join(auth))
+    app.start(argv=argv)
