@@ -1,9 +1,11 @@
-"""Answering a request over HTTP: the body, and the checks that pick 404, 409 or 422.
+"""Answering a request over HTTP: the body, and the checks that pick 404, 409, 413 or 422.
 
 The store's `accept_answer` is the judge (a ResumeError changes nothing); the
 checks here only tell the caller *why* an answer was refused: no such request
-(404), a request that takes no more answers (409), or an answer that does not
-fit its calls (422).
+(404), a request that takes no more answers (409), an answer over the size
+limit (413), or one that does not fit its calls or holds what the store cannot
+keep (422). The body is parsed by the same strict `Answer` model the Python
+client uses: `"ok": "yes"` is refused by both.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import asyncio
 from typing import Any
 
 from fastapi import HTTPException
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from relayq import Answer, ResumeError
+from relayq.limits import AnswerTooLarge, UnstorableAnswer
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import StoredRequest, get_request, get_run
 from store.models import utcnow
@@ -42,6 +45,13 @@ class AnswerBody(BaseModel):
     partial: StrictBool = False
     """Keep the request open until every call has a result."""
 
+    @field_validator("results", mode="before")
+    @classmethod
+    def _strict_results(cls, value: Any) -> Any:
+        # RelayResult alone would read `"isError": "yes"` as true; the Answer model refuses it.
+        Answer.model_validate({"id": "", "data": {"results": value}})
+        return value
+
     @model_validator(mode="after")
     def _one_shape(self) -> AnswerBody:
         given = [k for k in ("output", "results", "data") if getattr(self, k) is not None]
@@ -55,16 +65,20 @@ class AnswerBody(BaseModel):
                 raise ValueError("ok: true takes exactly one of output, results, data")
             if self.reason is not None:
                 raise ValueError("reason goes with ok: false")
+        self.answer("")  # the Answer model's own checks, at once: a 422, not a 500 later
         return self
 
     def answer(self, request_id: str) -> Answer:
+        """The wire Answer, through the one strict parser."""
         if not self.ok:
-            return Answer(id=request_id, ok=False, reason=self.reason or "declined")
-        if self.results is not None:
-            return relay_answer(request_id, self.results)
-        if self.output is not None:
-            return Answer(id=request_id, data={"output": self.output})
-        return Answer(id=request_id, data=self.data)
+            wire: dict[str, Any] = {"ok": False, "reason": self.reason or "declined"}
+        elif self.results is not None:
+            wire = relay_answer(request_id, self.results).model_dump(mode="json")
+        elif self.output is not None:
+            wire = {"data": {"output": self.output}}
+        else:
+            wire = {"data": self.data}
+        return Answer.model_validate({**wire, "id": request_id})
 
 
 async def stored_request(client: DurableClient, request_id: str) -> StoredRequest:
@@ -111,6 +125,10 @@ async def answer_request(
         raise HTTPException(409, conflict)
     try:
         await client.submit_answer(answer, answered_by=answered_by, partial=partial)
+    except AnswerTooLarge as exc:
+        raise HTTPException(413, str(exc)) from exc
+    except UnstorableAnswer as exc:
+        raise HTTPException(422, str(exc)) from exc
     except ResumeError as exc:
         # Look again: another answer may have won meanwhile.
         now = await stored_request(client, answer.id)

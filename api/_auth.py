@@ -11,8 +11,9 @@ grants permissions:
 
 A token comes as `Authorization: Bearer <token>`, or in the inbox's cookie.
 No token, or an unknown one, is a 401; a known token whose role lacks the
-permission is a 403. Tokens are compared in constant time, and never logged
-nor echoed.
+permission is a 403. A token in the URL (`?token=...`) is a 401 too, whatever
+else the request carries: URLs end up in logs and browser history. Tokens are
+compared in constant time, and never logged (see `api._access`) nor echoed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 __all__ = [
     "COOKIE",
     "ROLES",
+    "URL_TOKENS",
     "Answerer",
     "Permission",
     "Principal",
@@ -44,6 +46,9 @@ COOKIE = "relayq_token"
 """The inbox's cookie: HttpOnly, SameSite=Strict, holding the token itself."""
 
 ROLES = ("viewer", "approver", "submitter")
+
+URL_TOKENS = frozenset({"token", "access_token", "api_key", "api_token"})
+"""Query parameters that would carry a token in the URL: refused."""
 
 
 class Permission(Enum):
@@ -128,6 +133,12 @@ def require(permission: Permission) -> Callable[..., Principal]:
         request: Request,
         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> Principal:
+        if any(name in request.query_params for name in URL_TOKENS):
+            raise HTTPException(
+                401,
+                "a token is never taken from the URL; send it as Authorization: Bearer <token>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         principal = principal_of(request, bearer)
         if principal is None:
             raise HTTPException(

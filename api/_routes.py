@@ -16,6 +16,7 @@ from api._auth import Answerer, Reader, Submitter
 from api._events import event_stream
 from relayq import RunResult
 from relayq.agents import AgentError, get_agent
+from relayq.limits import InputTooLarge, UnstorableInput
 from store import RunRow, StoredRequest, UnknownRun
 from tasks import DurableClient
 
@@ -80,12 +81,21 @@ router = APIRouter(prefix="/api", tags=["api"])
 
 @router.post("/runs", status_code=201)
 async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
-    """Start a run of `agent` on `prompt`."""
+    """Start a run of `agent` on `prompt`.
+
+    404: no such agent. 413: the prompt is over the size limit. 422: it holds
+    what the store cannot keep (a NUL character, a lone surrogate).
+    """
     try:
         agent = get_agent(body.agent)
     except AgentError as exc:
         raise HTTPException(404, str(exc)) from exc
-    return Created(id=await _client(request).start(agent, body.prompt))
+    try:
+        return Created(id=await _client(request).start(agent, body.prompt))
+    except InputTooLarge as exc:
+        raise HTTPException(413, str(exc)) from exc
+    except UnstorableInput as exc:
+        raise HTTPException(422, str(exc)) from exc
 
 
 @router.get("/runs")
@@ -148,7 +158,8 @@ async def answer(
     """Answer a request once; returns it as stored after (still `open` after a partial answer).
 
     404: no such request. 409: it is answered, expired or cancelled, or a call
-    already has a result. 422: the answer does not fit the request's calls.
+    already has a result. 413: the answer is over the size limit. 422: it does
+    not fit the request's calls, or holds what the store cannot keep.
     """
     return await answer_request(
         _client(request), body.answer(request_id), answered_by=who.name, partial=body.partial

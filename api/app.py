@@ -20,9 +20,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 
+from api._access import install as hide_secrets_from_access_log
 from api._auth import Tokens
 from api._inbox import router as inbox_router
+from api._limits import BodyLimit, body_limit, invalid_body
 from api._routes import router as api_router
 from relayq.agents import load_agents
 from tasks import DurableClient, Settings
@@ -46,6 +49,7 @@ def create_app(settings: Settings | None = None, *, tokens: str | None = None) -
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        hide_secrets_from_access_log()  # uvicorn has set its logging up by now
         app.state.client = DurableClient(settings=settings)
         try:
             yield
@@ -59,6 +63,9 @@ def create_app(settings: Settings | None = None, *, tokens: str | None = None) -
     )
     app.state.tokens = parsed
     app.state.event_streams = 0
+    # A body larger than any answer the store takes is refused before it is read.
+    app.add_middleware(BodyLimit, max_bytes=body_limit(settings.max_answer_bytes))
+    app.add_exception_handler(RequestValidationError, invalid_body)
     app.include_router(api_router)
     app.include_router(inbox_router)
     return app

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from cli._common import console, fail, known_agent, run_with_client, settings
 from cli.render import MessagePrinter, age, clip, print_pending, status_style
-from relayq import RunResult
+from relayq import Answer, RunResult
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer, relay_calls_of
 from store import FINISHED, get_request, get_run, settled
 from tasks.client import DurableClient, WaitTimeout
@@ -212,6 +212,10 @@ def _results_file(path: Path) -> list[RelayResult]:
         data = data["results"]
     if not isinstance(data, list) or not data:
         fail(f'results file {path} must hold a non-empty list of {{"id", "output"}} objects')
+    try:  # the strict parser the API and the client use: `"isError": "yes"` is refused
+        Answer.model_validate({"id": "", "data": {"results": data}})
+    except ValidationError as exc:
+        fail(f"results file {path}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}")
     results = []
     for index, item in enumerate(data):
         try:

@@ -3,6 +3,10 @@
     RelayqError
     ├── ToolkitError      a toolkit could not be built (name clash, bad schema)
     ├── ResumeError       an answer does not fit the halted run it is meant to resume
+    │   └── UnstorableAnswer   it holds what the store cannot keep (a NUL, a lone surrogate, ...)
+    │       └── AnswerTooLarge     it is over the size limit (RELAYQ_MAX_ANSWER_BYTES)
+    ├── UnstorableInput   a new run's prompt (or agent name, conversation id) the store cannot keep
+    │   └── InputTooLarge      the prompt is over the size limit
     ├── RunCancelled      the run was cancelled between two steps
     └── ModelError        the model could not be called; says whether a retry may help
 
@@ -16,7 +20,17 @@ exception) rebuilds it whole.
 
 from __future__ import annotations
 
-__all__ = ["ModelError", "RelayqError", "ResumeError", "RunCancelled", "ToolkitError"]
+__all__ = [
+    "AnswerTooLarge",
+    "InputTooLarge",
+    "ModelError",
+    "RelayqError",
+    "ResumeError",
+    "RunCancelled",
+    "ToolkitError",
+    "UnstorableAnswer",
+    "UnstorableInput",
+]
 
 
 class RelayqError(Exception):
@@ -92,3 +106,64 @@ def _rebuild_model_error(
     message: str, retryable: bool, retry_after: float | None, status: int | None
 ) -> ModelError:
     return ModelError(message, retryable=retryable, retry_after=retry_after, status=status)
+
+
+class UnstorableAnswer(ResumeError):
+    """The answer holds what the store cannot keep; it was refused before anything was written.
+
+    `where` names the place, as a path into the answer's wire form (`data.results[0].output`).
+    """
+
+    def __init__(
+        self, message: str, request_id: str | None = None, where: str | None = None
+    ) -> None:
+        super().__init__(message, request_id)
+        self.args = (message, request_id, where)
+        self.where = where
+
+
+class AnswerTooLarge(UnstorableAnswer):
+    """The answer is over the limit (`RELAYQ_MAX_ANSWER_BYTES`), measured as compact UTF-8 JSON.
+
+    `size` is how many bytes were counted before the check stopped: more than `limit`.
+    """
+
+    def __init__(self, request_id: str | None, size: int, limit: int) -> None:
+        given = request_id or ""
+        shown = repr(request_id) if len(given) <= 80 else repr(given[:80]) + "..."
+        super().__init__(
+            f"answer to {shown} is over the limit of {limit} bytes of JSON "
+            "(RELAYQ_MAX_ANSWER_BYTES); keep large payloads elsewhere and answer with a reference",
+            request_id,
+        )
+        self.args = (request_id, size, limit)
+        self.size = size
+        self.limit = limit
+
+
+class UnstorableInput(RelayqError):
+    """A new run's prompt, agent name or conversation id holds what the store cannot keep.
+
+    Nothing was written. `where` names the input (`prompt`, `prompts[3]`, `conversation_id`).
+    """
+
+    def __init__(self, message: str, where: str | None = None) -> None:
+        super().__init__(message, where)
+        self.message = message
+        self.where = where
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InputTooLarge(UnstorableInput):
+    """A prompt is over the limit (`RELAYQ_MAX_ANSWER_BYTES`, the same as for answers)."""
+
+    def __init__(self, where: str | None, size: int, limit: int) -> None:
+        super().__init__(
+            f"{where or 'the input'} is over the limit of {limit} bytes (RELAYQ_MAX_ANSWER_BYTES)",
+            where,
+        )
+        self.args = (where, size, limit)
+        self.size = size
+        self.limit = limit

@@ -37,11 +37,18 @@ class ToolContext:
     """File tools stay inside this folder."""
     answer: Answer | None = None
     """The host's answer when the tool is called again after returning `pending(...)`."""
+    turn: int = 1
+    """The run's turn (1 for the first model reply) whose reply made this call."""
+    attempt: int = 1
+    """1 on the call's first execution; 1 more each time it runs again because a worker
+    died (or lost its claim) before its result was recorded. Above 1, an earlier
+    execution may have done its side effect: check `idempotency_key` before doing it again."""
 
     @property
     def idempotency_key(self) -> str:
-        """Stable across retries of the same call: use it to make side effects happen once."""
-        return f"{self.run_id}:{self.call_id}"
+        """`run_id:turn:call_id`: one per tool call of the whole run (providers reuse call
+        ids across turns), the same on every attempt of that call."""
+        return f"{self.run_id}:{self.turn}:{self.call_id}"
 
 
 @dataclass(frozen=True, kw_only=True)

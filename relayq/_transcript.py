@@ -13,6 +13,7 @@ taken. There is no second copy of the state to fall out of step.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,15 +53,34 @@ class Slot:
     answer: Answer | None = None
 
 
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode: a lone surrogate (a tool's or a provider's bad decode)
+    becomes U+FFFD, since no store, wire or model can take it."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def user_message(text: str, run_id: str) -> dict[str, Any]:
     return {"role": "user", "content": text, NOTE: {"run_id": run_id}}
 
 
 def assistant_message(content: str, calls: list[Call], usage: Usage | None) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": content or None}
+    msg: dict[str, Any] = {"role": "assistant", "content": valid_text(content) or None}
     if calls:
         msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            {
+                "id": valid_text(c.id),
+                "type": "function",
+                "function": {"name": valid_text(c.name), "arguments": valid_text(c.arguments)},
+            }
             for c in calls
         ]
     if usage is not None:
@@ -69,7 +89,11 @@ def assistant_message(content: str, calls: list[Call], usage: Usage | None) -> d
 
 
 def tool_message(call_id: str, result: ToolResult) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": result.output}
+    msg: dict[str, Any] = {
+        "role": "tool",
+        "tool_call_id": call_id,
+        "content": valid_text(result.output),
+    }
     if result.is_error:
         msg[NOTE] = {"is_error": True}
     return msg

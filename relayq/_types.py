@@ -11,7 +11,14 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -73,7 +80,14 @@ class Request(_Wire):
 
 
 class Answer(_Wire):
-    """The host's reply to one Request. Wire shape: `{id, ok, data?, reason?}`."""
+    """The host's reply to one Request. Wire shape: `{id, ok, data?, reason?}`.
+
+    Parsed strictly, the same for the Python client, the CLI and the HTTP API:
+    `ok` and every `isError` must be booleans (`"yes"` is refused, not read as
+    true), `id` and `reason` strings, `data` an object.
+    """
+
+    model_config = ConfigDict(strict=True)
 
     id: str
     """The id of the Request this answers."""
@@ -83,6 +97,19 @@ class Answer(_Wire):
     """Kind-specific payload; relay answers carry `results` or the `output` shorthand."""
     reason: str | None = None
     """Why the request was declined."""
+
+    @model_validator(mode="after")
+    def _flags_are_booleans(self) -> Answer:
+        data = self.data or {}
+        places: list[tuple[str, Any]] = [("data", data)]
+        if isinstance(data.get("results"), list):
+            places += [(f"data.results[{n}]", r) for n, r in enumerate(data["results"])]
+        for where, item in places:
+            for key in ("isError", "is_error"):
+                if isinstance(item, dict) and key in item and not isinstance(item[key], bool):
+                    given = repr(item[key])[:40]
+                    raise ValueError(f"{where}.{key} must be true or false, not {given}")
+        return self
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -79,6 +79,11 @@ class Journal:
         """What an earlier try of this call produced, if it finished."""
         return None
 
+    async def starting(self, at: int, call_id: str, attempt: str) -> int:
+        """The call is about to run (it has no recorded outcome); returns which execution
+        this is, 1 for the first: `ctx.attempt`."""
+        return 1
+
     async def record(
         self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
     ) -> None:
@@ -92,6 +97,12 @@ class _Ctx:
     journal: Journal
     wait_for: WaitFor | None
     cancel: Cancel | None
+
+    transcript: list[dict[str, Any]]
+
+    def turn_of(self, slot: tx.Slot) -> int:
+        """The run's turn number of the reply that made the slot's call."""
+        return tx.turns_taken(self.transcript[: slot.at + 1])
 
     async def ask(self, request: Request) -> Answer:
         assert self.wait_for is not None
@@ -128,6 +139,7 @@ async def take_turn(
         journal=journal or Journal(),
         wait_for=wait_for,
         cancel=cancel,
+        transcript=messages,
     )
     outstanding = [s for s in tx.slots(messages) if s.state in ("todo", "answered")]
     if outstanding:
@@ -305,7 +317,7 @@ async def _invoke(
     tool: Tool, slot: tx.Slot, args: dict[str, Any], ctx: _Ctx
 ) -> ToolResult | Request:
     """Call a tool once (or, with wait_for, until it stops asking), through the ledger."""
-    call, answer = slot.call, slot.answer
+    call, answer, turn = slot.call, slot.answer, ctx.turn_of(slot)
     while True:
         attempt = answer.id if answer is not None else ""
         outcome = await ctx.journal.recorded(slot.at, call.id, attempt)
@@ -317,6 +329,8 @@ async def _invoke(
                 tool_name=call.name,
                 base_dir=ctx.toolkit.base_dir,
                 answer=answer,
+                turn=turn,
+                attempt=await ctx.journal.starting(slot.at, call.id, attempt),
             )
             outcome = await tool.invoke(args, tool_ctx)
             await ctx.journal.record(slot.at, call.id, attempt, outcome)

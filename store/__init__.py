@@ -16,9 +16,17 @@ from store.answers import (
 )
 from store.db import Database, default_database_url
 from store.errors import StaleClaim, UnknownRun
-from store.maintenance import SweepReport, sweep
+from store.maintenance import Recovery, SweepReport, sweep
 from store.migrate import migrate
-from store.models import FINISHED, LedgerRow, MessageRow, OutboxRow, RequestRow, RunRow
+from store.models import (
+    FINISHED,
+    LedgerRow,
+    MessageRow,
+    OutboxRow,
+    RequestRow,
+    RunRow,
+    WorkerRow,
+)
 from store.runs import (
     Claim,
     cancel_requested,
@@ -31,8 +39,8 @@ from store.runs import (
     get_run,
     ledger_get,
     ledger_put,
+    ledger_start,
     list_runs,
-    renew_leases,
     request_of,
     retry_turn,
     run_result,
@@ -40,6 +48,7 @@ from store.runs import (
     settled,
     transcript,
 )
+from store.workers import beat, forget_worker
 
 __all__ = [
     # connecting
@@ -53,6 +62,7 @@ __all__ = [
     "OutboxRow",
     "RequestRow",
     "RunRow",
+    "WorkerRow",
     # runs and turns
     "Claim",
     "cancel_requested",
@@ -66,7 +76,7 @@ __all__ = [
     "ledger_get",
     "list_runs",
     "ledger_put",
-    "renew_leases",
+    "ledger_start",
     "request_of",
     "retry_turn",
     "run_result",
@@ -83,8 +93,12 @@ __all__ = [
     "get_request",
     "list_requests",
     # maintenance
+    "Recovery",
     "SweepReport",
     "sweep",
+    # workers
+    "beat",
+    "forget_worker",
     # errors
     "StaleClaim",
     "UnknownRun",

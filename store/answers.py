@@ -19,6 +19,7 @@ from sqlmodel import Session, col, select
 
 from relayq import Answer, Request, ResumeError
 from relayq import _transcript as tx
+from relayq.limits import check_answer
 from relayq.loop import apply_answer
 from relayq.relay import (
     RelayResult,
@@ -91,17 +92,17 @@ def accept_answer(
     partial: bool = False,
 ) -> Accepted:
     """Validate `answer` and record it; ResumeError, with nothing changed, if it does not fit."""
+    check_answer(answer, answered_by=answered_by)  # what the store cannot keep, refused first
     now = utcnow()
     with db.write() as s:
-        row = s.get(RequestRow, answer.id, with_for_update=True)
+        row, run = _lock(s, answer.id)
         if row is None:
             raise ResumeError(f"unknown request id {answer.id!r}", answer.id)
         _check_open(s, row, now)
+        assert run is not None
         request = request_of(row)
         previous = Answer.model_validate(row.answer) if row.answer else None
         merged = _merge(request, previous, answer)
-        run = s.get(RunRow, row.run_id)
-        assert run is not None
         after = apply_answer(
             _conversation(s, run.conversation_id), request, merged, partial=partial, now=now
         )
@@ -115,6 +116,19 @@ def accept_answer(
             row.answered_at = now
             outbox.append(enqueue_answer(s, row.id, row.run_id))
         return Accepted(run_id=row.run_id, complete=complete, outbox=outbox)
+
+
+def _lock(s: Session, request_id: str) -> tuple[RequestRow | None, RunRow | None]:
+    """The request and its run, locked run first, as cancelling and expiring lock them.
+
+    Whoever locks the run first wins: an answer and a cancel racing end with
+    the request answered or cancelled, never answered and then overwritten.
+    """
+    run_id = s.exec(select(RequestRow.run_id).where(RequestRow.id == request_id)).first()
+    if run_id is None:
+        return None, None
+    run = s.get(RunRow, run_id, with_for_update=True)
+    return s.get(RequestRow, request_id, with_for_update=True), run
 
 
 def _check_open(s: Session, row: RequestRow, now: datetime) -> None:
@@ -165,11 +179,10 @@ def _merge(request: Request, previous: Answer | None, answer: Answer) -> Answer:
 def apply_answer_of(db: Database, request_id: str) -> list[OutboxRow]:
     """Write an accepted (or expired) request's answer into the transcript; queue the next turn."""
     with db.write() as s:
-        row = s.get(RequestRow, request_id, with_for_update=True)
+        row, run = _lock(s, request_id)
         if row is None or row.applied or row.status not in ("answered", "expired"):
             return []
         row.applied = True
-        run = s.get(RunRow, row.run_id, with_for_update=True)
         if run is None or run.status != "pending":
             return []
         before = _conversation(s, run.conversation_id)
@@ -208,10 +221,17 @@ def expire_and_count(
             .with_for_update(skip_locked=True)
         ).all()
         for row in due:
-            run = s.get(RunRow, row.run_id, with_for_update=True)
+            # The run is locked second here: skip it rather than wait on a cancel
+            # that holds it and waits on this request (the next sweep expires it).
+            run = s.exec(
+                select(RunRow).where(RunRow.id == row.run_id).with_for_update(skip_locked=True)
+            ).first()
+            if run is None and s.get(RunRow, row.run_id) is not None:
+                continue
             if run is not None and row.on_expiry == "cancel":
                 _cancel(s, run, moment)
                 row.status = "expired"
+                row.applied = True  # nothing left to apply: the run is cancelled
                 continue
             assert row.expires_at is not None
             reason = f"expired: request {row.id} had no answer by {row.expires_at.isoformat()}"

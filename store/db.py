@@ -38,6 +38,7 @@ def _sqlite_engine(url: str) -> Engine:
     engine = create_engine(
         url,
         connect_args={"timeout": 30, "check_same_thread": False},
+        hide_parameters=True,
         pool_size=24,
         max_overflow=16,
     )
@@ -71,7 +72,11 @@ class Database:
         else:
             # Enough pooled connections for every I/O thread of a worker: a
             # connection opened beyond the pool is closed again after one use.
-            self.engine = create_engine(self.url, pool_pre_ping=True, pool_size=24, max_overflow=16)
+            # hide_parameters: an error's text (logged, or stored) never carries the
+            # transcript or an answer it was writing.
+            self.engine = create_engine(
+                self.url, pool_pre_ping=True, pool_size=24, max_overflow=16, hide_parameters=True
+            )
         self._writer = self.engine.execution_options(**{_WRITE: True})
 
     @property

@@ -1,25 +1,59 @@
-"""The sweeper: nothing the workers were doing is ever left stuck or lost.
+"""The sweeper: whatever process died when, every run has a way forward.
 
-It re-sends outbox rows that were committed but never sent (a worker died
-between commit and publish), re-queues `running` runs whose lease ran out
-(their worker vanished), re-sends `queued` runs that sat too long (their
-message was lost with a broker), and expires overdue requests.
+Each sweep, from the store alone (it is the source of truth):
+
+- expires overdue requests;
+- re-queues `running` runs whose worker died (its heartbeat stopped, or on
+  this host its process is gone), or, for claims no worker stands behind,
+  whose lease lapsed;
+- sends again what was committed but never sent (a process died between
+  commit and publish);
+- sends again what was sent but lost: the turn of a run still queued at that
+  version, the answer task of an answer accepted but not applied, when the
+  message left its queue (`waiting`: the oldest message the broker still
+  holds there was sent after it) and its effect is overdue. A duplicate is a
+  no-op: the claim, and the answer's `applied` flag, see to that.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from store.answers import expire_and_count
 from store.db import Database
-from store.models import OutboxRow, RunRow, utcnow
-from store.outbox import enqueue_turn, unpublished
+from store.models import OutboxRow, RequestRow, RunRow, utcnow
+from store.outbox import (
+    ANSWER_QUEUE,
+    ANSWER_TASK,
+    TURN_QUEUE,
+    TURN_TASK,
+    enqueue_turn,
+    resend,
+    unpublished,
+)
 from store.runs import _label
+from store.workers import WORKER_TIMEOUT, live_workers, prune_workers
 
-__all__ = ["SweepReport", "sweep"]
+__all__ = ["Recovery", "SweepReport", "sweep"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recovery:
+    """How soon the sweeper acts. The defaults, with a sweep every 5 s, move every
+    run on within 30 s of a worker's death or the broker's return."""
+
+    worker_timeout: timedelta = WORKER_TIMEOUT
+    """A worker whose heartbeat is older is dead; its claims are taken over."""
+    outbox_grace: timedelta = timedelta(seconds=5)
+    """A message committed this long ago and never marked sent is sent again."""
+    redeliver_after: timedelta = timedelta(seconds=10)
+    """A message sent this long ago whose effect has not happened, and that is no
+    longer waiting in its queue, is sent again."""
+    forget_workers_after: timedelta = timedelta(hours=1)
 
 
 @dataclass(kw_only=True)
@@ -27,9 +61,11 @@ class SweepReport:
     outbox: list[OutboxRow] = field(default_factory=list)
     """Messages to send now."""
     requeued: list[str] = field(default_factory=list)
-    """Runs whose worker vanished."""
+    """Runs whose worker died."""
     resent: list[str] = field(default_factory=list)
-    """Queued runs whose message went missing."""
+    """Queued runs whose turn message was lost."""
+    reapplied: list[str] = field(default_factory=list)
+    """Accepted answers (request ids) whose answer task was lost."""
     expired: int = 0
 
 
@@ -37,48 +73,107 @@ def sweep(
     db: Database,
     *,
     now: datetime | None = None,
-    outbox_grace: timedelta = timedelta(seconds=30),
-    stale_queued: timedelta = timedelta(minutes=15),
+    recovery: Recovery = Recovery(),
+    waiting: Mapping[str, datetime | None] | None = None,
 ) -> SweepReport:
+    """One sweep. `waiting` maps a queue to when the oldest message still in it was
+    sent (None: the queue is empty); a queue left out is not looked at for lost
+    messages, since whether they wait there is unknown."""
     moment = now or utcnow()
     report = SweepReport()
     expired, report.expired = expire_and_count(db, now=moment)
     with db.write() as s:
-        # Locked, skipping rows a turn holds: a turn finishing now is not vanished.
-        vanished = s.exec(
-            select(RunRow)
-            .where(RunRow.status == "running", col(RunRow.lease_until) < moment)
-            .with_for_update(skip_locked=True)
-        ).all()
-        for run in vanished:
-            run.status = "queued"
-            run.version += 1
-            run.attempts += 1  # its worker died holding it: that try counts
-            run.claimed_by = None
-            run.lease_until = None
-            run.updated_at = moment
-            report.requeued.append(run.id)
-            report.outbox.append(enqueue_turn(s, run.id, run.version, label=_label(run)))
-        waiting = {
-            r
-            for r in s.exec(
-                select(OutboxRow.run_id).where(col(OutboxRow.published_at).is_(None))
-            ).all()
-        }
-        stale = s.exec(
-            select(RunRow)
-            .where(RunRow.status == "queued", col(RunRow.updated_at) < moment - stale_queued)
-            .with_for_update(skip_locked=True)
-        ).all()
-        for run in stale:
-            if run.id in waiting or run.id in report.requeued:
-                continue
-            run.updated_at = moment
-            report.resent.append(run.id)
-            report.outbox.append(enqueue_turn(s, run.id, run.version, label=_label(run)))
+        _requeue_abandoned(s, report, moment, recovery.worker_timeout)
+        if waiting is not None:
+            lost_before = {
+                queue: min(moment - recovery.redeliver_after, oldest or moment)
+                for queue, oldest in waiting.items()
+            }
+            if TURN_QUEUE in lost_before:
+                _resend_lost_turns(s, report, lost_before[TURN_QUEUE])
+            if ANSWER_QUEUE in lost_before:
+                _resend_lost_answers(s, report, lost_before[ANSWER_QUEUE])
     report.outbox += expired
-    fresh_ids = {r.id for r in report.outbox}
+    fresh = {r.id for r in report.outbox}
     report.outbox += [
-        r for r in unpublished(db, older_than=outbox_grace, now=moment) if r.id not in fresh_ids
+        r
+        for r in unpublished(db, older_than=recovery.outbox_grace, now=moment)
+        if r.id not in fresh
     ]
+    prune_workers(db, older_than=recovery.forget_workers_after, now=moment)
     return report
+
+
+def _requeue_abandoned(
+    s: Session, report: SweepReport, now: datetime, worker_timeout: timedelta
+) -> None:
+    live = live_workers(s, now=now, timeout=worker_timeout)
+    # Locked, skipping rows a turn holds right now: one that is writing is not dead.
+    candidates = s.exec(
+        select(RunRow).where(RunRow.status == "running").with_for_update(skip_locked=True)
+    ).all()
+    for run in candidates:
+        if run.worker in live:
+            continue
+        if run.worker is None and (run.lease_until is None or run.lease_until >= now):
+            continue
+        run.status = "queued"
+        run.version += 1
+        run.attempts += 1  # its worker died holding it: that try counts
+        run.claimed_by = None
+        run.worker = None
+        run.lease_until = None
+        run.updated_at = now
+        report.requeued.append(run.id)
+        report.outbox.append(enqueue_turn(s, run.id, run.version, label=_label(run)))
+
+
+def _latest_rows(s: Session, task: str, run_ids: list[str]) -> dict[str, OutboxRow]:
+    """The newest outbox row of `task` for each message's first argument (a run or request)."""
+    latest: dict[str, OutboxRow] = {}
+    for chunk in (run_ids[i : i + 500] for i in range(0, len(run_ids), 500)):
+        rows = s.exec(
+            select(OutboxRow)
+            .where(OutboxRow.task == task, col(OutboxRow.run_id).in_(chunk))
+            .order_by(col(OutboxRow.id))
+        )
+        for row in rows:
+            latest[str(row.args[0])] = row
+    return latest
+
+
+def _lost(row: OutboxRow | None, before: datetime) -> bool:
+    """Sent (not merely committed), and due to have taken effect before `before`."""
+    if row is None or row.published_at is None:
+        return False  # never sent: the grace rule sends it
+    return row.published_at + timedelta(seconds=row.countdown) < before
+
+
+def _resend_lost_turns(s: Session, report: SweepReport, before: datetime) -> None:
+    queued = s.exec(
+        select(RunRow)
+        .where(RunRow.status == "queued", col(RunRow.updated_at) < before)
+        .with_for_update(skip_locked=True)
+    ).all()
+    latest = _latest_rows(s, TURN_TASK, [r.id for r in queued])
+    for run in queued:
+        row = latest.get(run.id)
+        if row is not None and row.args == [run.id, run.version] and _lost(row, before):
+            report.resent.append(run.id)
+            report.outbox.append(resend(row, utcnow()))
+
+
+def _resend_lost_answers(s: Session, report: SweepReport, before: datetime) -> None:
+    unapplied = s.exec(
+        select(RequestRow).where(
+            col(RequestRow.applied).is_(False),
+            col(RequestRow.status).in_(("answered", "expired")),
+            col(RequestRow.answered_at) < before,
+        )
+    ).all()
+    latest = _latest_rows(s, ANSWER_TASK, sorted({r.run_id for r in unapplied}))
+    for request in unapplied:
+        row = latest.get(request.id)
+        if row is not None and _lost(row, before):
+            report.reapplied.append(request.id)
+            report.outbox.append(resend(row, utcnow()))

@@ -15,6 +15,7 @@ __all__ = [
     "RequestRow",
     "RunRow",
     "RunState",
+    "WorkerRow",
     "utcnow",
 ]
 
@@ -75,7 +76,10 @@ class RunRow(SQLModel, table=True):
     cancel_requested: bool = False
     claimed_by: str | None = None
     """The task id holding the current claim; a redelivery of that task may take it over."""
+    worker: str | None = None
+    """The worker process holding the claim: the claim lasts while its heartbeat does."""
     lease_until: datetime | None = _time(index=True)
+    """For a claim no worker heartbeat stands behind: when it lapses."""
     turns: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -99,7 +103,11 @@ class MessageRow(SQLModel, table=True):
 
 class RequestRow(SQLModel, table=True):
     __tablename__ = "relayq_requests"
-    __table_args__ = (Index("ix_relayq_requests_status_expires", "status", "expires_at"),)
+    __table_args__ = (
+        Index("ix_relayq_requests_status_expires", "status", "expires_at"),
+        # The sweeper's look for accepted answers whose task never ran.
+        Index("ix_relayq_requests_applied_status", "applied", "status"),
+    )
 
     id: str = Field(primary_key=True)
     run_id: str = Field(index=True)
@@ -136,7 +144,13 @@ class LedgerRow(SQLModel, table=True):
     """The transcript index of the assistant message that made the call."""
     call_id: str = Field(primary_key=True)
     attempt: str = Field(primary_key=True)
-    outcome: dict[str, Any] = _json()
+    """The id of the answer a tool was called again with, or "" for its first call."""
+    outcome: dict[str, Any] | None = Field(
+        default=None, sa_column=Column(JSON(none_as_null=True), nullable=True)
+    )
+    """SQL NULL while the call runs (or after its worker died running it)."""
+    executions: int = 0
+    """How many times the call was started: `ctx.attempt` of its latest start."""
     created_at: datetime = _time(nullable=False)
 
 
@@ -156,3 +170,16 @@ class OutboxRow(SQLModel, table=True):
     sends: int = 0
     created_at: datetime = _time(nullable=False)
     published_at: datetime | None = _time(index=True)
+
+
+class WorkerRow(SQLModel, table=True):
+    """A live worker process: its heartbeat is what keeps its claims."""
+
+    __tablename__ = "relayq_workers"
+
+    id: str = Field(primary_key=True)
+    """`host:pid:random`, one per process that runs turns."""
+    hostname: str
+    pid: int
+    started_at: datetime = _time(nullable=False)
+    heartbeat_at: datetime = _time(index=True, nullable=False)

@@ -6,6 +6,7 @@ message follows which state change; `tasks/` registers the functions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,6 +28,8 @@ __all__ = [
     "enqueue_answer",
     "enqueue_turn",
     "mark_published",
+    "resend",
+    "sent_at",
     "task_id_of",
     "unpublished",
 ]
@@ -94,19 +97,48 @@ def mark_published(db: Database, rows: Iterable[OutboxRow]) -> None:
 
 
 def unpublished(
-    db: Database, *, older_than: timedelta, now: datetime | None = None
+    db: Database, *, older_than: timedelta, now: datetime | None = None, limit: int = 1000
 ) -> list[OutboxRow]:
-    """Rows whose send never happened (or was not recorded); each is counted as a new send."""
-    cutoff = (now or utcnow()) - older_than
+    """Rows whose send never happened (or was not recorded), each counted as a new send.
+
+    They are marked sent now, in the transaction that picks them, so another
+    sweeper does not pick them too; a send that fails after all is a lost
+    message, which the sweeper finds by its effect not happening.
+    """
+    moment = now or utcnow()
     with db.write() as s:
         rows = list(
             s.exec(
                 select(OutboxRow)
-                .where(col(OutboxRow.published_at).is_(None), col(OutboxRow.created_at) < cutoff)
+                .where(
+                    col(OutboxRow.published_at).is_(None),
+                    col(OutboxRow.created_at) < moment - older_than,
+                )
                 .order_by(col(OutboxRow.id))
-                .limit(1000)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
             )
         )
         for row in rows:
-            row.sends += 1
+            resend(row, moment)
         return rows
+
+
+def resend(row: OutboxRow, now: datetime) -> OutboxRow:
+    """Count a new send of `row` (a new task id: the broker's copy, if any, is not it)."""
+    row.sends += 1
+    row.published_at = now
+    return row
+
+
+def sent_at(db: Database, task_id: str) -> datetime | None:
+    """When the message `task_id` (one of ours) was last sent; None if unknown."""
+    match = _TASK_ID.fullmatch(task_id)
+    if match is None:
+        return None
+    with db.read() as s:
+        row = s.get(OutboxRow, int(match.group(1)))
+    return None if row is None else row.published_at
+
+
+_TASK_ID = re.compile(r"relayq-(\d+)(?:-\d+)?")

@@ -21,12 +21,14 @@ from sqlmodel import Session, col, select
 
 from relayq import Request, ResumeError, RunResult, ToolResult
 from relayq import _transcript as tx
+from relayq.limits import check_run_input
 from relayq.loop import Turn
 from relayq.relay import RELAY_KIND, is_relay_request, relay_calls_of
 from store.db import Database
 from store.errors import StaleClaim, UnknownRun
 from store.models import FINISHED, LedgerRow, MessageRow, OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_turn
+from store.workers import WORKER_TIMEOUT, holder_alive
 
 __all__ = [
     "Claim",
@@ -40,10 +42,10 @@ __all__ = [
     "get_run",
     "ledger_get",
     "ledger_put",
+    "ledger_start",
     "request_of",
     "retry_turn",
     "run_result",
-    "renew_leases",
     "save_reply",
     "settled",
     "transcript",
@@ -68,6 +70,12 @@ class Claim:
     """The conversation's transcript as the claim found it."""
 
 
+def storable_text(text: str) -> str:
+    """Text a model or a tool made, fit for a text column: PostgreSQL refuses NUL there
+    (JSON columns keep it), and no database takes a lone surrogate."""
+    return tx.valid_text(text).replace("\x00", "\ufffd")
+
+
 def _label(run: RunRow) -> str:
     return f"run={run.id} agent={run.agent} turn={run.turns + 1}"
 
@@ -82,6 +90,7 @@ def create_run(
     tools_digest: str | None = None,
 ) -> OutboxRow:
     """A queued run with its prompt; continues `conversation_id` if it names one."""
+    check_run_input(agent=agent, prompts=[prompt], conversation_id=conversation_id)
     now = utcnow()
     conv = conversation_id or run_id
     if conversation_id is None:
@@ -113,6 +122,7 @@ def create_runs(
     tools_digest: str | None = None,
 ) -> list[OutboxRow]:
     """Many queued runs, each a new conversation, in one transaction: `runs` is (id, prompt)."""
+    check_run_input(agent=agent, prompts=[prompt for _, prompt in runs])
     now = utcnow()
     rows = [
         RunRow(
@@ -152,14 +162,27 @@ def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) ->
 
 
 def claim_turn(
-    db: Database, run_id: str, version: int, *, task_id: str | None, lease: timedelta
+    db: Database,
+    run_id: str,
+    version: int,
+    *,
+    task_id: str | None,
+    lease: timedelta,
+    worker: str | None = None,
+    worker_timeout: timedelta = WORKER_TIMEOUT,
 ) -> Claim | None:
-    """Take the run for one turn, or None if this message is stale or a duplicate."""
+    """Take the run for one turn, or None if this message is stale or a duplicate.
+
+    A claim made by `worker` lasts while that worker's heartbeat does; one
+    made with no worker lasts `lease`.
+    """
     now = utcnow()
+    until = None if worker is not None else now + lease
     with db.transaction() as conn:
         # The common case in one statement: a queued run at this version.
         took = conn.execute(
-            _CLAIM, {"rid": run_id, "v": version, "task": task_id, "until": now + lease, "now": now}
+            _CLAIM,
+            {"rid": run_id, "v": version, "task": task_id, "w": worker, "until": until, "now": now},
         ).first()
         if took is not None:
             return _claim_of(run_id, took, _conversation(conn, took.conversation_id))
@@ -168,7 +191,15 @@ def claim_turn(
         if run is None:
             return None
         fresh = run.status == "queued" and run.version == version
-        taken_over = run.status == "running" and task_id is not None and run.claimed_by == task_id
+        # The broker delivers the same message again when the process holding it
+        # died (a prefork child lost), or when it lost its connection and put its
+        # messages back: only the first may take the run over.
+        taken_over = (
+            run.status == "running"
+            and task_id is not None
+            and run.claimed_by == task_id
+            and not holder_alive(s, run, now=now, timeout=worker_timeout)
+        )
         if not (fresh or taken_over):
             return None
         if run.cancel_requested:
@@ -179,7 +210,8 @@ def claim_turn(
         run.status = "running"
         run.version += 1
         run.claimed_by = task_id
-        run.lease_until = now + lease
+        run.worker = worker
+        run.lease_until = until
         run.updated_at = now
         return _claim_of(run_id, run, _conversation(s, run.conversation_id), taken_over=taken_over)
 
@@ -218,6 +250,7 @@ _CLAIM = (
         status="running",
         version=_RUNS.c.version + 1,
         claimed_by=bindparam("task"),
+        worker=bindparam("w"),
         lease_until=bindparam("until"),
         updated_at=bindparam("now"),
     )
@@ -261,6 +294,7 @@ _FINISH = (
         attempts=0,
         error=None,
         claimed_by=None,
+        worker=None,
         lease_until=None,
         updated_at=bindparam("now"),
         text=bindparam("text"),
@@ -276,10 +310,35 @@ _LEDGER_OUTCOME = select(_LEDGER.c.outcome).where(
 )
 
 
+def _insert(dialect: str) -> Any:
+    return (sqlite_insert if dialect == "sqlite" else postgresql_insert)(_LEDGER)
+
+
+_LEDGER_KEY = ["run_id", "at", "call_id", "attempt"]
+
+
 @functools.cache
 def _ledger_insert(dialect: str) -> Any:
-    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
-    return insert(_LEDGER).on_conflict_do_nothing()  # the first outcome recorded stands
+    return _insert(dialect).on_conflict_do_nothing()
+
+
+@functools.cache
+def _ledger_start(dialect: str) -> Any:
+    stmt = _insert(dialect)
+    return stmt.on_conflict_do_update(
+        index_elements=_LEDGER_KEY, set_={"executions": _LEDGER.c.executions + 1}
+    ).returning(_LEDGER.c.executions)
+
+
+@functools.cache
+def _ledger_finish(dialect: str) -> Any:
+    stmt = _insert(dialect)
+    # The first outcome recorded stands: a late duplicate of the call changes nothing.
+    return stmt.on_conflict_do_update(
+        index_elements=_LEDGER_KEY,
+        set_={"outcome": stmt.excluded.outcome},
+        where=_LEDGER.c.outcome.is_(None),
+    )
 
 
 def _hold(s: Session, claim: Claim) -> RunRow:
@@ -351,18 +410,51 @@ def _message_values(
 
 
 def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> bool:
-    """Keep the model's reply (the last message) before any of its tools run.
+    """Keep the model's reply (the last message) before any of its tools run, and count
+    each of its calls as started once (`ctx.attempt` 1), in the same transaction.
 
     Returns whether the run has been asked to cancel meanwhile.
     """
+    at = len(messages) - 1
+    now = utcnow()
     with db.transaction() as conn:
         cancel = conn.execute(
-            _STILL_HELD, {"rid": claim.run_id, "v": claim.version, "now": utcnow()}
+            _STILL_HELD, {"rid": claim.run_id, "v": claim.version, "now": now}
         ).scalar_one_or_none()
         if cancel is None:
             raise StaleClaim(claim.run_id, claim.version)
         _write_messages(conn, claim, messages[:-1], messages)
+        starts = [
+            _ledger_values(claim.run_id, at, call.id, "", None, executions=1, now=now)
+            for call in tx.calls_of(messages[at])
+        ]
+        if starts:
+            conn.execute(_ledger_insert(conn.dialect.name), starts)
         return bool(cancel)
+
+
+def _ledger_values(
+    run_id: str,
+    at: int,
+    call_id: str,
+    attempt: str,
+    outcome: ToolResult | Request | None,
+    *,
+    executions: int,
+    now: datetime,
+) -> dict[str, Any]:
+    kind = "request" if isinstance(outcome, Request) else "result"
+    return {
+        "run_id": run_id,
+        "at": at,
+        "call_id": storable_text(call_id),
+        "attempt": attempt,
+        "outcome": (
+            None if outcome is None else {"type": kind, "value": outcome.model_dump(mode="json")}
+        ),
+        "executions": executions,
+        "created_at": now,
+    }
 
 
 def ledger_get(
@@ -370,32 +462,30 @@ def ledger_get(
 ) -> ToolResult | Request | None:
     with db.engine.connect() as conn:
         outcome = conn.execute(
-            _LEDGER_OUTCOME, {"rid": run_id, "at": at, "cid": call_id, "attempt": attempt}
+            _LEDGER_OUTCOME,
+            {"rid": run_id, "at": at, "cid": storable_text(call_id), "attempt": attempt},
         ).scalar_one_or_none()
     if outcome is None:
-        return None
+        return None  # never started, or started and not finished
     if outcome.get("type") == "request":
         return Request.model_validate(outcome["value"])
     return ToolResult.model_validate(outcome["value"])
+
+
+def ledger_start(db: Database, run_id: str, at: int, call_id: str, attempt: str) -> int:
+    """Count one more execution of a call that has no outcome; returns its number."""
+    values = _ledger_values(run_id, at, call_id, attempt, None, executions=1, now=utcnow())
+    with db.transaction() as conn:
+        return int(conn.execute(_ledger_start(conn.dialect.name), values).scalar_one())
 
 
 def ledger_put(
     db: Database, run_id: str, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
 ) -> bool:
     """Record a finished tool call; returns whether the run has been asked to cancel."""
-    kind = "request" if isinstance(outcome, Request) else "result"
+    values = _ledger_values(run_id, at, call_id, attempt, outcome, executions=1, now=utcnow())
     with db.transaction() as conn:
-        conn.execute(
-            _ledger_insert(conn.dialect.name),
-            {
-                "run_id": run_id,
-                "at": at,
-                "call_id": call_id,
-                "attempt": attempt,
-                "outcome": {"type": kind, "value": outcome.model_dump(mode="json")},
-                "created_at": utcnow(),
-            },
-        )
+        conn.execute(_ledger_finish(conn.dialect.name), values)
         cancel = conn.execute(_CANCEL_FLAG, {"rid": run_id}).scalar_one_or_none()
         return cancel is None or bool(cancel)
 
@@ -441,7 +531,7 @@ def finish_turn(
                 "completion": usage.completion_tokens,
                 "total": usage.total_tokens,
                 "now": now,
-                "text": turn.text if turn.status == "done" else None,
+                "text": storable_text(turn.text) if turn.status == "done" else None,
             },
         ).first()
         if held is None:
@@ -477,9 +567,9 @@ def _open_request(
             id=request.id,
             run_id=run.id,
             agent=run.agent,
-            kind=request.kind,
-            prompt=request.prompt,
-            url=request.url,
+            kind=storable_text(request.kind),
+            prompt=storable_text(request.prompt),
+            url=None if request.url is None else storable_text(request.url),
             data={k: v for k, v in request.data.items() if not (relay and k == "calls")},
             calls=[c.model_dump(mode="json") for c in relay_calls_of(request)],
             status="open",
@@ -514,6 +604,7 @@ def retry_turn(db: Database, claim: Claim, *, error: str, countdown: float) -> O
         run.attempts += 1
         run.error = error
         run.claimed_by = None
+        run.worker = None
         run.lease_until = None
         run.updated_at = utcnow()
         return enqueue_turn(s, run.id, run.version, label=_label(run), countdown=countdown)
@@ -526,6 +617,7 @@ def fail_run(db: Database, claim: Claim, error: str) -> None:
         run.error = error
         run.version += 1
         run.claimed_by = None
+        run.worker = None
         run.lease_until = None
         run.updated_at = utcnow()
         _cancel_requests(s, run.id)
@@ -541,26 +633,20 @@ def _cancel(s: Session, run: RunRow, now: datetime) -> None:
     run.cancel_requested = True
     run.version += 1
     run.claimed_by = None
+    run.worker = None
     run.lease_until = None
     run.updated_at = now
     _cancel_requests(s, run.id)
 
 
 def _cancel_requests(s: Session, run_id: str) -> None:
-    for row in s.exec(
-        select(RequestRow).where(RequestRow.run_id == run_id, RequestRow.status == "open")
-    ):
-        row.status = "cancelled"
-
-
-def renew_leases(db: Database, holds: dict[str, int], lease: timedelta) -> None:
-    """Extend the claims a live worker holds (run id -> claimed version)."""
-    if not holds:
-        return
-    until = utcnow() + lease
-    renew = _RUNS.update().where(*_HELD_BY).values(lease_until=until)
-    with db.transaction() as conn:
-        conn.execute(renew, [{"rid": r, "v": v} for r, v in holds.items()])
+    # Compare-and-swap: only requests still open; an answered one stays answered.
+    table = RequestRow.__table__  # type: ignore[attr-defined]
+    s.execute(
+        table.update()
+        .where(table.c.run_id == run_id, table.c.status == "open")
+        .values(status="cancelled")
+    )
 
 
 def settled(db: Database, run_id: str) -> tuple[str, bool]:

@@ -19,10 +19,12 @@ from dataclasses import replace
 from typing import Any
 
 from celery import Celery
+from pydantic import ValidationError
 
 from relayq import Answer, RelayqError, Request, ResumeError, RunResult
 from relayq._types import new_id
 from relayq.agents import Agent, registered_agents
+from relayq.limits import check_answer, check_run_input
 from relayq.loop import WaitFor
 from store import (
     Database,
@@ -89,8 +91,16 @@ class DurableClient:
     async def start(
         self, agent: Agent | str, prompt: str, *, conversation_id: str | None = None
     ) -> str:
-        """Queue a run of `agent` on `prompt`; returns its id at once."""
+        """Queue a run of `agent` on `prompt`; returns its id at once.
+
+        UnstorableInput (InputTooLarge), with nothing written, for a prompt the
+        store cannot keep: a NUL character, a lone surrogate, over the size limit.
+        """
         name, digest = await self._agent(agent)
+        limit = self.settings.max_answer_bytes
+        check_run_input(
+            agent=name, prompts=[prompt], conversation_id=conversation_id, max_bytes=limit
+        )
         run_id = new_id("run")
         row = await asyncio.to_thread(
             create_run,
@@ -107,9 +117,11 @@ class DurableClient:
     async def start_many(self, agent: Agent | str, prompts: list[str]) -> list[str]:
         """Queue one run per prompt, in one transaction; returns their ids in order.
 
-        For batch jobs: far faster than `start` in a loop.
+        For batch jobs: far faster than `start` in a loop. One prompt the store
+        cannot keep refuses the whole batch (UnstorableInput), nothing written.
         """
         name, digest = await self._agent(agent)
+        check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
         runs = [(new_id("run"), prompt) for prompt in prompts]
         rows = await asyncio.to_thread(
             create_runs, self.db, agent=name, runs=runs, tools_digest=digest
@@ -196,17 +208,18 @@ class DurableClient:
     ) -> str:
         """Validate and record an answer, then resume its run; returns the run id.
 
-        Raises ResumeError, changing nothing, for an unknown or already answered
-        request, an expired one, or results that do not fit its calls. Of two
-        answers to one request exactly one is taken. With `partial`, the results
-        are kept and the request stays open until every call has one.
+        Raises ResumeError, changing nothing, for a malformed answer (parsed as
+        strictly as the HTTP API parses it: `"ok": "yes"` is refused), an
+        unknown or already answered request, an expired one, or results that do
+        not fit its calls; UnstorableAnswer (AnswerTooLarge) for one the store
+        cannot keep. Of two answers to one request exactly one is taken. With
+        `partial`, the results are kept and the request stays open until every
+        call has one.
         """
+        reply = _answer_of(answer)
+        check_answer(reply, answered_by=answered_by, max_bytes=self.settings.max_answer_bytes)
         accepted = await asyncio.to_thread(
-            accept_answer,
-            self.db,
-            Answer.model_validate(answer),
-            answered_by=answered_by,
-            partial=partial,
+            accept_answer, self.db, reply, answered_by=answered_by, partial=partial
         )
         await asyncio.to_thread(publish, self.app, self.db, accepted.outbox)
         return accepted.run_id
@@ -220,7 +233,7 @@ class DurableClient:
     ) -> RunResult:
         """Answer the request a run waits on, and wait for the run to settle again."""
         request = Request.model_validate(pending)
-        reply = Answer.model_validate(answer)
+        reply = _answer_of(answer)
         if reply.id != request.id:
             raise ResumeError(
                 f"answer id {reply.id!r} does not echo the pending request id {request.id!r}",
@@ -248,3 +261,15 @@ class DurableClient:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+def _answer_of(answer: Answer | dict[str, Any]) -> Answer:
+    """The answer parsed by the one strict parser (the HTTP API's too); ResumeError if malformed."""
+    try:
+        return Answer.model_validate(answer)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "answer"
+        given = answer.get("id") if isinstance(answer, dict) else None
+        request_id = given if isinstance(given, str) else None
+        raise ResumeError(f"malformed answer: {where}: {first['msg']}", request_id) from None

@@ -5,7 +5,6 @@ from __future__ import annotations
 from celery import Task, shared_task
 
 from store import cancel_run as cancel_stored_run
-from store import sweep as sweep_store
 from store.outbox import CANCEL_TASK, MAINTENANCE_QUEUE, SWEEP_TASK
 from tasks.runtime import Runtime
 
@@ -13,11 +12,10 @@ __all__ = ["cancel_run", "sweep"]
 
 
 async def _sweep(rt: Runtime) -> str:
-    report = await rt.io(sweep_store, rt.db)
-    await rt.publish(report.outbox)
-    sent = len(report.outbox)
+    report = await rt.sweep()
     return (
-        f"sent {sent}, requeued {len(report.requeued)}, resent {len(report.resent)}, "
+        f"sent {len(report.outbox)}, requeued {len(report.requeued)}, "
+        f"resent {len(report.resent)}, reapplied {len(report.reapplied)}, "
         f"expired {report.expired}"
     )
 

@@ -13,21 +13,27 @@ under a classic pool the body runs the coroutine on the loop and waits.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import logging
 import os
 import random
 import threading
+import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 from celery import Celery
 
 from relayq.agents import Agent, AgentError, load_agents, registered_agents
-from store import Database, OutboxRow, migrate, renew_leases, sweep
-from store.outbox import mark_published
+from store import Database, OutboxRow, beat, forget_worker, migrate, sweep
+from store.maintenance import SweepReport
+from store.outbox import ANSWER_QUEUE, TURN_QUEUE, mark_published, sent_at
+from store.workers import HOSTNAME
+from tasks.broker import QueuePeek
 from tasks.publish import send, sender_app
 from tasks.settings import Settings
 
@@ -118,7 +124,10 @@ class Runtime:
         self._sender: Celery | None = None
         self._sent: list[OutboxRow] = []
         self.holding: dict[str, int] = {}
-        """Runs this process has claimed (run id -> claimed version); their leases are renewed."""
+        """Runs this process has claimed (run id -> claimed version)."""
+        self.worker_id = f"{HOSTNAME}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        """This process, as its claims name it; they last while its heartbeat does."""
+        self._peek: QueuePeek | None = None
         self._background = False
 
     @classmethod
@@ -134,22 +143,35 @@ class Runtime:
             return cls._current
 
     def start_background(self) -> None:
-        """Renew the leases of held runs, and sweep, on the loop, for the life of the process."""
+        """Heartbeats, sent-marks and sweeps, on the loop, for the life of the process.
+
+        The first heartbeat is written before this returns, so no claim of this
+        process is ever seen without one.
+        """
         if self._background:
             return
         self._background = True
-        asyncio.run_coroutine_threadsafe(self._renew_forever(), self.loop.loop)
+        beat(self.db, self.worker_id, hostname=HOSTNAME, pid=os.getpid())
+        atexit.register(self._forget)
+        asyncio.run_coroutine_threadsafe(self._beat_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._mark_sent_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._sweep_forever(), self.loop.loop)
 
-    async def _renew_forever(self) -> None:
-        every = self.settings.lease_seconds / 3
+    async def _beat_forever(self) -> None:
+        # On the loop itself: a loop too blocked to beat cannot finish its turns either.
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(self.settings.heartbeat_every)
             try:
-                await self.io(renew_leases, self.db, dict(self.holding), self.settings.lease)
-            except Exception as exc:  # the next round tries again; the lease has slack
-                log.warning("could not renew leases: %s", type(exc).__name__)
+                await self.io(beat, self.db, self.worker_id, hostname=HOSTNAME, pid=os.getpid())
+            except Exception as exc:  # the next beat tries again; the timeout has slack
+                log.warning("could not write the heartbeat: %s", type(exc).__name__)
+
+    def _forget(self) -> None:
+        """At exit: the claims still held go to other workers at their next sweep."""
+        try:
+            forget_worker(self.db, self.worker_id)
+        except Exception as exc:  # the heartbeat's timeout does it later
+            log.warning("could not sign the worker off: %s", type(exc).__name__)
 
     async def publish(self, rows: list[OutboxRow]) -> None:
         """Send outbox rows now; mark them sent in the next batch (one transaction for many).
@@ -179,14 +201,35 @@ class Runtime:
 
     async def _sweep_forever(self) -> None:
         # Every worker sweeps (from its start, then with jitter), so no run waits
-        # on a beat process for its lost message or vanished worker.
+        # on a beat process for its lost message or dead worker.
         while True:
             try:
-                report = await self.io(sweep, self.db)
-                await self.publish(report.outbox)
+                await self.sweep()
             except Exception as exc:
                 log.warning("sweep failed: %s", type(exc).__name__)
             await asyncio.sleep(self.settings.sweep_every * random.uniform(0.8, 1.2))
+
+    async def sweep(self) -> SweepReport:
+        """One sweep of the store, with what the broker still holds; sends what it finds."""
+        waiting = await self.io(self._waiting)
+        report = await self.io(sweep, self.db, recovery=self.settings.recovery(), waiting=waiting)
+        await self.publish(report.outbox)
+        return report
+
+    def _waiting(self) -> dict[str, datetime | None] | None:
+        """When the oldest message still in each queue was sent; a queue whose
+        oldest message is not one we know is left out (nothing is taken for lost there)."""
+        if self._peek is None:
+            self._peek = QueuePeek(self.settings)
+        tails = self._peek.oldest((TURN_QUEUE, ANSWER_QUEUE))
+        if tails is None:
+            return None
+        waiting: dict[str, datetime | None] = {}
+        for queue, task_id in tails.items():
+            sent = None if task_id is None else sent_at(self.db, task_id)
+            if task_id is None or sent is not None:
+                waiting[queue] = sent
+        return waiting
 
     def agent(self, name: str) -> Agent:
         agent = self.agents.get(name)

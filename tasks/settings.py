@@ -10,11 +10,16 @@
 | `RELAYQ_TURN_TIME_LIMIT` | `600` | seconds one turn may take before it is stopped |
 | `RELAYQ_MODEL_RETRIES` | `5` | retries of a failing model call before the run fails |
 | `RELAYQ_RETRY_BASE` | `1.0` | first retry's backoff in seconds; doubles, up to 60 |
-| `RELAYQ_LEASE` | `60` | seconds a turn's claim lasts unless its worker renews it |
-| `RELAYQ_SWEEP_EVERY` | `15` | seconds between each worker's sweeps (beat may sweep too) |
+| `RELAYQ_HEARTBEAT_EVERY` | `2` | seconds between a worker process's heartbeats |
+| `RELAYQ_WORKER_TIMEOUT` | `10` | seconds without a heartbeat before a worker counts as dead |
+| `RELAYQ_SWEEP_EVERY` | `5` | seconds between each worker's sweeps (beat sweeps as often) |
+| `RELAYQ_REDELIVER_AFTER` | `10` | seconds before a lost message (effect overdue) is sent again |
+| `RELAYQ_OUTBOX_GRACE` | `5` | seconds before a committed message never marked sent is sent again |
+| `RELAYQ_VISIBILITY_TIMEOUT` | `3600` | the Redis broker's redelivery of unacknowledged messages |
 | `RELAYQ_POOL` | `asyncio` | `asyncio` (many turns per process), `prefork`, `threads` |
 | `RELAYQ_CONCURRENCY` | 500 (asyncio), CPUs (others) | turns one worker process runs at once |
 | `RELAYQ_TASK_EVENTS` | `0` | `1`: task events from the start, not once Flower asks |
+| `RELAYQ_MAX_ANSWER_BYTES` | `1048576` | largest answer (or prompt) taken, in bytes of JSON |
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
+from relayq import limits
 from relayq._retry import MAX_DELAY
+from store import Recovery
 from store.outbox import (
     ANSWER_QUEUE,
     ANSWER_TASK,
@@ -41,10 +48,20 @@ from store.outbox import (
 
 __all__ = ["MAX_COUNTDOWN", "QUEUES", "Settings"]
 
-# Redis redelivers a message not acknowledged within the visibility timeout.
-# Every time limit and every retry countdown stays well below it, or a slow
-# turn would run twice.
-VISIBILITY_TIMEOUT = 3600.0
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, not {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be more than 0 seconds, not {raw!r}")
+    return value
+
+
 MAX_COUNTDOWN = MAX_DELAY
 
 # Separate queues: answers and maintenance never wait behind a backlog of
@@ -66,10 +83,19 @@ class Settings:
     retry_base: float
     pool: str
     concurrency: int | None
-    lease_seconds: float
+    heartbeat_every: float
+    worker_timeout_seconds: float
     sweep_every: float
+    redeliver_after_seconds: float
+    outbox_grace_seconds: float
+    visibility_timeout: float
+    """Redis redelivers a message not acknowledged within it. Recovery does not wait
+    for it (the sweeper acts within seconds); every time limit and retry countdown
+    stays well below it, or the broker would hand a live turn's message out again."""
     task_events: bool
     """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
+    max_answer_bytes: int = limits.DEFAULT_MAX_ANSWER_BYTES
+    """The largest answer (and prompt) taken, as compact UTF-8 JSON; see `relayq.limits`."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -88,22 +114,41 @@ class Settings:
             retry_base=float(env.get("RELAYQ_RETRY_BASE", "1.0")),
             pool=env.get("RELAYQ_POOL", "asyncio"),
             concurrency=int(env["RELAYQ_CONCURRENCY"]) if env.get("RELAYQ_CONCURRENCY") else None,
-            lease_seconds=float(env.get("RELAYQ_LEASE", "60")),
-            sweep_every=float(env.get("RELAYQ_SWEEP_EVERY", "15")),
+            heartbeat_every=_seconds(env, "RELAYQ_HEARTBEAT_EVERY", 2),
+            worker_timeout_seconds=_seconds(env, "RELAYQ_WORKER_TIMEOUT", 10),
+            sweep_every=_seconds(env, "RELAYQ_SWEEP_EVERY", 5),
+            redeliver_after_seconds=_seconds(env, "RELAYQ_REDELIVER_AFTER", 10),
+            outbox_grace_seconds=_seconds(env, "RELAYQ_OUTBOX_GRACE", 5),
+            visibility_timeout=_seconds(env, "RELAYQ_VISIBILITY_TIMEOUT", 3600),
             task_events=env.get("RELAYQ_TASK_EVENTS", "0").lower() in ("1", "true", "yes", "on"),
+            max_answer_bytes=limits.max_answer_bytes(env),
         )
-        if settings.turn_time_limit + 120 >= VISIBILITY_TIMEOUT:
-            raise ValueError(
-                f"RELAYQ_TURN_TIME_LIMIT must stay well below the broker's visibility "
-                f"timeout ({VISIBILITY_TIMEOUT:.0f} s)"
-            )
+        settings._check()
         return settings
 
+    def _check(self) -> None:
+        if self.turn_time_limit + 120 >= self.visibility_timeout:
+            raise ValueError(
+                f"RELAYQ_TURN_TIME_LIMIT must stay well below the broker's visibility "
+                f"timeout (RELAYQ_VISIBILITY_TIMEOUT, {self.visibility_timeout:.0f} s)"
+            )
+        if self.heartbeat_every * 2 > self.worker_timeout_seconds:
+            raise ValueError(
+                "RELAYQ_WORKER_TIMEOUT must be at least twice RELAYQ_HEARTBEAT_EVERY, "
+                "or a live worker would be taken for dead"
+            )
+
     @property
-    def lease(self) -> timedelta:
-        """How long a claim lasts: its worker renews it every third of that while the turn runs,
-        so a run whose worker died is re-queued by the next sweep after it lapses."""
-        return timedelta(seconds=self.lease_seconds)
+    def worker_timeout(self) -> timedelta:
+        return timedelta(seconds=self.worker_timeout_seconds)
+
+    def recovery(self) -> Recovery:
+        """The sweeper's bounds, from these settings."""
+        return Recovery(
+            worker_timeout=self.worker_timeout,
+            outbox_grace=timedelta(seconds=self.outbox_grace_seconds),
+            redeliver_after=timedelta(seconds=self.redeliver_after_seconds),
+        )
 
     @property
     def socket_path(self) -> Path:
@@ -115,7 +160,7 @@ class Settings:
             "broker_url": self.broker_url,
             "broker_connection_retry_on_startup": True,
             "broker_transport_options": {
-                "visibility_timeout": VISIBILITY_TIMEOUT,
+                "visibility_timeout": self.visibility_timeout,
                 "global_keyprefix": self.key_prefix,
             },
             # Each queue on its own exchange and key: a message reaches one queue only.

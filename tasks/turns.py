@@ -34,6 +34,7 @@ from store import (
     finish_turn,
     ledger_get,
     ledger_put,
+    ledger_start,
     list_requests,
     retry_turn,
     save_reply,
@@ -135,6 +136,11 @@ class StoreJournal(Journal):
             return None  # the reply was made in this very turn: nothing can be recorded yet
         return await self.rt.io(ledger_get, self.rt.db, self.claim.run_id, at, call_id, attempt)
 
+    async def starting(self, at: int, call_id: str, attempt: str) -> int:
+        if at == self._fresh and not attempt:
+            return 1  # counted when the reply was saved
+        return await self.rt.io(ledger_start, self.rt.db, self.claim.run_id, at, call_id, attempt)
+
     async def record(
         self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
     ) -> None:
@@ -184,7 +190,14 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
     """Run one turn; returns what happened, in a few words, for Flower."""
     task_id = task.id if task is not None else None
     claim = await rt.io(
-        claim_turn, rt.db, run_id, version, task_id=task_id, lease=rt.settings.lease
+        claim_turn,
+        rt.db,
+        run_id,
+        version,
+        task_id=task_id,
+        lease=rt.settings.worker_timeout,
+        worker=rt.worker_id,
+        worker_timeout=rt.settings.worker_timeout,
     )
     if claim is None:
         return "skipped: stale or duplicate message"
@@ -258,10 +271,16 @@ async def _retry_or_fail(rt: Runtime, task: TaskRef | None, claim: Claim, exc: E
 
 
 def _describe(exc: BaseException) -> str:
+    """The run's stored (and logged) error: the type and a short, redacted message.
+
+    Never the whole text: a database error's holds the SQL and its parameters
+    (the transcript, an answer), and any message may hold a key.
+    """
+    from relayq.limits import describe_error
+
     if isinstance(exc, TimeoutError):
         return "the turn ran out of time"
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, RelayqError) else f"{type(exc).__name__}: {text}"
+    return describe_error(exc)
 
 
 @shared_task(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from workers.app import app, settings
+from workers.app import app, exit_code, settings
 from workers.config import QUEUES
 from workers.embedded import ensure_embedded_redis
 
@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
             for part in (names[0], value)
         ]
         args = ["worker", *extra, *args[1:]]
-    app.start(argv=args)
+    # Celery returns the worker's exit status rather than exiting with it.
+    sys.exit(exit_code(app.start(argv=args)))
 
 
 def _given(args: list[str], names: tuple[str, ...]) -> bool:

@@ -12,15 +12,26 @@ Guarantees are those of the durable tasks, unchanged: the claim, the
 ledger and the outbox live in the store; the message stays unacknowledged
 while its turn runs, and a worker that dies leaves it to be redelivered.
 How many run at once is `--concurrency` (the broker prefetches that many).
+
+A lost broker connection: Celery cancels the tasks whose messages can no
+longer be acknowledged (`worker_cancel_long_running_tasks_on_connection_loss`).
+A cancelled turn is *detached*: its coroutine runs to its end and stores what
+it did, but it is never reported to Celery, so nothing is acknowledged on the
+dead connection; its message is gone with the broker, or comes back and finds
+the turn done. A finished turn is reported to Celery from a reader of the
+consumer's event loop (kombu's hub), on the consumer's thread, as prefork's
+results are, so a cancel never races a report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
@@ -36,6 +47,35 @@ __all__ = ["AsyncioPool"]
 
 log = logging.getLogger(__name__)
 
+Outcome = tuple[int, Any, float]
+"""What Celery's task callback takes: (failed, result or ExceptionInfo, runtime)."""
+
+
+class _Turn:
+    """A deferred task, as Celery holds it.
+
+    Celery internal: `Request.execute_using_pool` keeps a weak reference to what
+    `pool.apply_async` returns (prefork's is an `ApplyResult`), and its `cancel`
+    (a lost broker connection, a cold shutdown) and `terminate` (revoke with
+    terminate) call `terminate(signal)` on it.
+    """
+
+    def __init__(
+        self, name: str, task_id: str, started: float, callback: Callable[[Outcome], None]
+    ) -> None:
+        self.name = name
+        self.task_id = task_id
+        self.started = started
+        self.callback = callback
+        self.outcome: Outcome | None = None
+        self.detached = False
+        """Never reported to Celery: its message can no longer be acknowledged."""
+
+    def terminate(self, signal: int | None = None) -> None:
+        # The coroutine is not interrupted: a turn stopped halfway would hold its
+        # claim for nothing; it ends, stores what it did, and goes unreported.
+        self.detached = True
+
 
 class AsyncioPool(BasePool):
     """Task bodies inline, deferred coroutines on one event loop, acks when they end."""
@@ -44,7 +84,13 @@ class AsyncioPool(BasePool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._running: set[Future[Any]] = set()
+        self._running: set[_Turn] = set()
+        self._done: deque[_Turn] = deque()
+        self._hub: Any = None
+        # The event loop's thread writes a byte here when a turn finishes.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         initargs = self.options.get("initargs") or (None, None)
         signals.worker_process_init.send(sender=initargs[1])
 
@@ -56,11 +102,31 @@ class AsyncioPool(BasePool):
         # The runtime owns the loop (and sizes its I/O threads to the store).
         self._loop = Runtime.current().loop
 
+    def register_with_event_loop(self, loop: Any) -> None:
+        # Celery (its `Pool` bootstep, `BasePool` API) passes the consumer's kombu
+        # `Hub` each time the consumer's event loop starts, again after every
+        # reconnection (a reset hub has forgotten its readers). Finished turns are
+        # reported from a reader (`Hub.add_reader`): what a report schedules (the
+        # ack, through `Hub.call_soon`) runs at the start of the hub's next round,
+        # and a hub reset after a lost connection runs no reader.
+        self._hub = loop
+        loop.add_reader(self._wake_r, self._on_wake)
+
     def on_stop(self) -> None:
-        # A warm shutdown lets the turns in flight finish; their messages are acked then.
+        # A warm shutdown lets the turns in flight finish; their messages are acked then
+        # (the hub's event loop no longer runs: report them here).
         deadline = time.monotonic() + 30
         while self._running and time.monotonic() < deadline:
+            self._report()
             time.sleep(0.05)
+        self._report()
+
+    def terminate_job(self, pid: int, signal: int | None = None) -> None:
+        # `BasePool` API: Celery's `Request.cancel` / `terminate` call it with the
+        # pid a task runs in, this process for every turn: nothing to kill (the
+        # base class raises, and the cancel stops there). The turn itself is
+        # detached through the `_Turn` that `on_apply` returned.
+        pass
 
     def on_apply(
         self,
@@ -70,7 +136,7 @@ class AsyncioPool(BasePool):
         callback: Callable[[Any], None] | None = None,
         accept_callback: Callable[[int, float], None] | None = None,
         **_: Any,
-    ) -> None:
+    ) -> _Turn | None:
         started = time.monotonic()
         if accept_callback is not None:
             accept_callback(os.getpid(), started)
@@ -83,32 +149,61 @@ class AsyncioPool(BasePool):
         if not deferred or callback is None:
             if callback is not None:
                 callback(ret)
-            return
+            return None
+        turn = _Turn(
+            args[0] if args else "task",
+            args[1] if args and len(args) > 1 else "?",
+            started,
+            callback,
+        )
+        self._running.add(turn)
         future = asyncio.run_coroutine_threadsafe(_all(deferred), self._loop.loop)
-        self._running.add(future)
-        name = args[0] if args else "task"
-        task_id = args[1] if args and len(args) > 1 else "?"
-        future.add_done_callback(lambda f: self._finished(f, name, task_id, started, callback))
+        future.add_done_callback(lambda f: self._finished(f, turn))
+        return turn
 
-    def _finished(
-        self,
-        future: Future[Any],
-        name: str,
-        task_id: str,
-        started: float,
-        callback: Callable[[Any], None],
-    ) -> None:
-        self._running.discard(future)
-        runtime = time.monotonic() - started
+    def _finished(self, future: Future[Any], turn: _Turn) -> None:
+        """On the event loop's thread: log the outcome, and wake the consumer to report it."""
+        runtime = time.monotonic() - turn.started
         try:
             result = future.result()
         except BaseException as exc:
-            log.error("Task %s[%s] failed in %.3fs: %s", name, task_id, runtime, exc)
-            callback((1, ExceptionInfo(), runtime))
+            log.error("Task %s[%s] failed in %.3fs: %s", turn.name, turn.task_id, runtime, exc)
+            turn.outcome = (1, ExceptionInfo(), runtime)
+        else:
+            # The tracer logged the body's "deferred"; this is what the task did.
+            log.info("Task %s[%s] finished in %.3fs: %s", turn.name, turn.task_id, runtime, result)
+            turn.outcome = (0, saferepr(result), runtime)
+        self._done.append(turn)
+        self._running.discard(turn)
+        if self._hub is None:  # no event loop in this consumer: report from here
+            self._report()
             return
-        # The tracer logged the body's "deferred"; this is what the task did.
-        log.info("Task %s[%s] finished in %.3fs: %s", name, task_id, runtime, result)
-        callback((0, saferepr(result), runtime))
+        with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+            os.write(self._wake_w, b"\0")
+
+    def _on_wake(self) -> None:
+        """The hub's reader, on the consumer's thread."""
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 1 << 16)
+        self._report()
+
+    def _report(self) -> None:
+        """Hand finished turns to Celery, which acknowledges their messages."""
+        while self._done:
+            turn = self._done.popleft()
+            assert turn.outcome is not None
+            if turn.detached:
+                log.warning(
+                    "Task %s[%s] finished after its broker connection was lost; "
+                    "its message is not acknowledged",
+                    turn.name,
+                    turn.task_id,
+                )
+                continue
+            try:
+                turn.callback(turn.outcome)
+            except Exception:  # one task's report must not stop the consumer
+                log.exception("could not report task %s[%s]", turn.name, turn.task_id)
 
     def _get_info(self) -> dict[str, Any]:
         info = super()._get_info()

@@ -3,29 +3,43 @@
 Configuration comes from the environment (see `tasks.settings` and
 `workers.config`). With no `RELAYQ_BROKER_URL`, the worker and beat start
 the embedded Redis before they connect.
+
+A worker rides out a broker outage of any length: it reconnects and goes on
+consuming (`Consumer`). If it stops without being asked to (SIGTERM, SIGINT,
+Celery's remote `shutdown`), it exits non-zero (`exit_code`), so a supervisor
+that restarts only failed processes brings it back.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_init
+from celery.signals import beat_init, worker_init, worker_shutdown, worker_shutting_down
+from celery.worker import consumer, control
 
 from relayq.agents import load_agents
 from tasks.settings import Settings
 from workers.config import celery_config
 from workers.embedded import ensure_embedded_redis
 
-__all__ = ["app", "settings"]
+__all__ = ["Consumer", "app", "exit_code", "settings"]
+
+log = logging.getLogger(__name__)
 
 settings = Settings.from_env()
 app = Celery("relayq")
 app.conf.update(celery_config(settings))
 
+_started = threading.Event()
+_stop_requested = threading.Event()
+
 
 @worker_init.connect
 def _prepare_worker(**_: Any) -> None:
+    _started.set()
     if settings.embedded_broker:
         ensure_embedded_redis(settings)
     # Fail at start, not at the first turn, when an agent module is broken.
@@ -37,3 +51,113 @@ def _prepare_worker(**_: Any) -> None:
 def _prepare_beat(**_: Any) -> None:
     if settings.embedded_broker:
         ensure_embedded_redis(settings)
+
+
+RECONNECT = {"interval_start": 1.0, "interval_step": 1.0, "interval_max": 2.0}
+"""Seconds between tries to reach a lost broker: never more than 2."""
+
+
+class Consumer(consumer.Consumer):
+    """Celery's consumer, made to survive releasing a broker connection it has lost.
+
+    Celery 5.7 (`Consumer.on_connection_error_after_connected`) releases the
+    lost connection with `collect()`, then `close()`. On kombu's Redis
+    transport, when the channel was waiting in BRPOP and held unacknowledged
+    messages (any turn in flight, with a free slot left), the first close
+    fails at the dead socket, `collect()` drops the transport's client all the
+    same, and the second close, restoring the unacknowledged messages, needs
+    that client: `AttributeError: 'NoneType' object has no attribute
+    'hostname'`, which nothing catches, and the worker stops. Nothing can be
+    saved on a lost connection, so errors while releasing it are logged and
+    ignored; Celery then cancels the tasks that can no longer be acknowledged
+    and reconnects as usual.
+    """
+
+    connection: Any
+
+    def ensure_connected(self, conn: Any) -> Any:
+        # Celery internal: `Consumer.connect` calls this with a kombu `Connection`
+        # and lets it retry with kombu's default backoff, up to 30 s between
+        # tries: a broker back after a long outage would wait that long for its
+        # consumers, past relayq's 30 s recovery bound. Try every 2 s at most.
+        retry = conn.ensure_connection
+
+        def often(*args: Any, **kwargs: Any) -> Any:
+            return retry(*args, **{**RECONNECT, **kwargs})
+
+        conn.ensure_connection = often
+        return super().ensure_connected(conn)
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        # Celery internal: `Consumer.start` calls this once a connected consumer
+        # lost its broker; it releases `self.connection` through `collect` and
+        # `close`, which the wrapper makes safe.
+        if self.connection is not None:
+            self.connection = _LostConnection(self.connection)
+        super().on_connection_error_after_connected(exc)
+
+
+class _LostConnection:
+    """A kombu `Connection` whose `collect` and `close` never raise.
+
+    Everything else is the connection's own (Celery also reads its `transport`
+    and `_connection` to bound the open sockets).
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self._lost = connection
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lost, name)
+
+    def collect(self, *args: Any, **kwargs: Any) -> None:
+        self._quietly("collect", *args, **kwargs)
+
+    def close(self) -> None:
+        self._quietly("close")
+
+    release = close
+
+    def _quietly(self, method: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            getattr(self._lost, method)(*args, **kwargs)
+        except Exception as exc:
+            log.info("the lost broker connection did not %s cleanly: %r", method, exc)
+
+
+@worker_shutting_down.connect
+def _signalled(**_: Any) -> None:
+    # Celery sends it from its SIGTERM, SIGINT and SIGQUIT handlers.
+    _stop_requested.set()
+
+
+@control.control_command(name="shutdown")
+def _remote_shutdown(state: Any, msg: str = "Got shutdown from remote", **kwargs: Any) -> Any:
+    """Shutdown worker(s)."""
+    # Celery's own remote command (Flower's "Shut Down"), noted as a requested
+    # stop: a command registered under a taken name replaces the first one.
+    _stop_requested.set()
+    return control.shutdown(state, msg=msg, **kwargs)
+
+
+@worker_shutdown.connect
+def _fail_unrequested_stop(sender: Any = None, **_: Any) -> None:
+    # Celery internal: `celery worker` exits with `WorkController.exitcode`,
+    # read after `stop` sent this signal; None or 0 with no stop asked for is 1.
+    if sender is not None and not sender.exitcode and not _stop_requested.is_set():
+        log.critical("the worker stopped without being asked to; exiting with status 1")
+        sender.exitcode = 1
+
+
+def exit_code(code: int | None) -> int:
+    """The status a worker process exits with, given what `app.start` returned.
+
+    Celery's `app.start` returns the worker's status instead of exiting with it;
+    a worker that stopped on its own (not by a signal or remote `shutdown`) fails.
+    """
+    if code:
+        return int(code)
+    if _started.is_set() and not _stop_requested.is_set():
+        log.critical("the worker stopped without being asked to; exiting with status 1")
+        return 1
+    return 0

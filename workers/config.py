@@ -10,16 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from store.outbox import MAINTENANCE_QUEUE, SWEEP_TASK
-from tasks.settings import QUEUES, VISIBILITY_TIMEOUT, Settings
+from tasks.settings import QUEUES, Settings
 
-__all__ = ["QUEUES", "SWEEP_EVERY", "celery_config"]
-
-SWEEP_EVERY = 15.0
+__all__ = ["QUEUES", "celery_config"]
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     hard_limit = settings.turn_time_limit + 30
-    assert hard_limit < VISIBILITY_TIMEOUT, "a turn must end before its message is redelivered"
+    assert hard_limit < settings.visibility_timeout, "a turn must end before it is redelivered"
     worker = {
         # A message is acknowledged only when its task has finished, so a
         # worker that dies mid-turn leaves it to be delivered again ...
@@ -48,13 +46,21 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "beat_schedule": {
             "relayq-sweep": {
                 "task": SWEEP_TASK,
-                "schedule": SWEEP_EVERY,
-                "options": {"queue": MAINTENANCE_QUEUE, "expires": SWEEP_EVERY * 2},
+                "schedule": settings.sweep_every,
+                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_every * 2},
             }
         },
         # A lost broker connection cancels the running tasks' reservations
-        # rather than letting them finish and ack on a dead channel.
+        # rather than letting them finish and ack on a dead channel (the asyncio
+        # pool lets such a turn finish unreported: see `workers.aio`).
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A broker outage is waited out however long it lasts: the consumer
+        # reconnects forever (Celery gives up after 100 tries, about 45 minutes,
+        # and the worker stops) ...
+        "broker_connection_retry": True,
+        "broker_connection_max_retries": None,
+        # ... and survives releasing the connection it lost (see `workers.app.Consumer`).
+        "worker_consumer": "workers.app:Consumer",
         "imports": ("tasks.turns", "tasks.answers", "tasks.maintenance"),
     }
     return settings.broker_options() | worker | _pool(settings)

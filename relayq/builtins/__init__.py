@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from relayq._tools import Tool
 from relayq.builtins._bash import bash_tool
-from relayq.builtins._config import BUILTIN_NAMES, BuiltinsConfig
+from relayq.builtins._config import BASH_ENV_NAMES, BUILTIN_NAMES, BuiltinsConfig
 from relayq.builtins._files import edit_tool, read_tool, write_tool
 from relayq.builtins._host import question_tool, todowrite_tool
 from relayq.builtins._patch import apply_patch_tool
@@ -22,6 +22,7 @@ from relayq.builtins._web import webfetch_tool
 
 __all__ = [
     # configuration
+    "BASH_ENV_NAMES",
     "BUILTIN_NAMES",
     "BuiltinsConfig",
     # construction

@@ -1,4 +1,11 @@
-"""The bash builtin: one shell command, its own process group, a hard timeout."""
+"""The bash builtin: one shell command, a small environment, a hard timeout.
+
+The command runs under `_reaper.py`, a supervisor that kills every process the
+command started (setsid and double-forked daemons included, on Linux) before
+the call returns. It sees only an allow-list of the worker's environment
+(`BASH_ENV_NAMES`, `LC_*`, and what the agent's config adds), so provider keys
+and other secrets of the worker stay out of the model's reach.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +13,33 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from relayq._tools import Tool, ToolContext
 from relayq._types import ToolResult
-from relayq.builtins._common import OutputSink, async_builtin, opt_seconds, req_str
-from relayq.builtins._config import BuiltinsConfig
+from relayq.builtins._common import (
+    OutputSink,
+    ToolFailure,
+    async_builtin,
+    opt_seconds,
+    req_str,
+)
+from relayq.builtins._config import BASH_ENV_NAMES, BuiltinsConfig
 from relayq.builtins._paths import base_of
 
-__all__ = ["bash_tool"]
+__all__ = ["bash_tool", "command_env"]
 
 _CHUNK = 64 * 1024
-# Once the process group is killed the pipe closes at once, unless a child left
-# the group (setsid) and still holds it; then stop reading after this long.
+_SUPERVISOR = str(Path(__file__).with_name("_reaper.py"))
+# The supervisor kills everything once the command ends, which closes the pipe;
+# should something still hold it, stop reading after this long.
 _DRAIN_SECONDS = 0.5
+# How long the supervisor may take to kill and reap after SIGTERM before it is
+# killed itself (its process group with it).
+_STOP_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -53,8 +72,11 @@ def bash_tool(config: BuiltinsConfig) -> Tool:
 
     async def bash(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         command = req_str(args, "command")
+        if "\0" in command:
+            raise ToolFailure("the command must not contain NUL bytes")
         timeout = opt_seconds(args, "timeout_seconds", limit)
-        outcome = await _run(command, str(base_of(ctx)), timeout, config.max_output_chars)
+        cwd = str(await asyncio.to_thread(base_of, ctx))
+        outcome = await _run(command, cwd, command_env(config), timeout, config.max_output_chars)
         return _result(outcome, timeout)
 
     return async_builtin(
@@ -63,7 +85,8 @@ def bash_tool(config: BuiltinsConfig) -> Tool:
         "standard output and standard error, interleaved as a terminal shows them. "
         "A non-zero exit code makes the result an error that starts with the code. "
         "Every process the command started is killed when it times out or when the "
-        "command exits, so background jobs (`cmd &`) do not outlive the call.",
+        "command exits, so background jobs (`cmd &`) and daemons do not outlive the call. "
+        "Only a few environment variables (PATH, HOME, locale and the like) are set.",
         schema,
         bash,
     )
@@ -83,18 +106,36 @@ def _result(outcome: _Outcome, timeout: float) -> ToolResult:
     return ToolResult.error(f"exit code {code}\n{outcome.output}")
 
 
-async def _run(command: str, cwd: str, seconds: float, max_chars: int) -> _Outcome:
+def command_env(config: BuiltinsConfig) -> dict[str, str]:
+    """The environment a command gets: the allow-listed part of the worker's, plus the config's."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name in BASH_ENV_NAMES or name.startswith("LC_") or name in config.bash_pass_env
+    }
+    env.setdefault("PATH", os.defpath)
+    env.update(config.bash_env)
+    return env
+
+
+async def _run(
+    command: str, cwd: str, env: dict[str, str], seconds: float, max_chars: int
+) -> _Outcome:
     # One pipe serves as both stdout and stderr so their writes interleave exactly
-    # as a terminal would show them; reading it ourselves lets us close it while a
-    # background child still holds the other end.
+    # as a terminal would show them; reading it ourselves lets us stop reading
+    # should something still hold the other end.
     read_fd, write_fd = os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
-            "/bin/bash",
-            "-c",
+            sys.executable,
+            "-I",
+            "-S",
+            _SUPERVISOR,
             command,
+            str(os.getpid()),
             cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
             stdout=write_fd,
             stderr=write_fd,
             start_new_session=True,
@@ -108,22 +149,44 @@ async def _run(command: str, cwd: str, seconds: float, max_chars: int) -> _Outco
     reader = asyncio.create_task(_pump(read_fd, sink))
     timed_out = False
     try:
+        await _send_env(proc, env)
         await asyncio.wait_for(proc.wait(), seconds)
     except TimeoutError:
         timed_out = True
     finally:
         # Finished, timed out or cancelled, nothing the command started outlives the
         # call: the next call may run on another worker, and leftovers would leak.
-        _kill_group(proc.pid)
-        if proc.returncode is None:
-            await proc.wait()
+        await _stop(proc)
         await _drain(reader)
     return _Outcome(output=sink.text(), returncode=proc.returncode, timed_out=timed_out)
 
 
+async def _send_env(proc: asyncio.subprocess.Process, env: dict[str, str]) -> None:
+    # On stdin rather than in the supervisor's environment, which Python's startup
+    # may change (LC_CTYPE coercion), and rather than in argv, which `ps` shows.
+    data = "".join(f"{name}={value}\0" for name, value in env.items())
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.write(data.encode("utf-8", "surrogateescape"))
+        await proc.stdin.drain()
+        proc.stdin.close()
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Have the supervisor kill everything; kill its group should it not manage in time."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), _STOP_SECONDS)
+    except TimeoutError:
+        _kill_group(proc.pid)
+        await proc.wait()
+
+
 def _kill_group(pgid: int) -> None:
-    # start_new_session made the shell the leader of its own group, so its pid
-    # names the group of every process it started, background ones included.
+    # start_new_session made the supervisor the leader of its own group.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
 

@@ -1,8 +1,10 @@
-"""What every builtin shares: clean failures, argument checks, output cuts."""
+"""What every builtin shares: clean failures, off-loop work, argument checks, output cuts."""
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
@@ -11,6 +13,7 @@ from relayq._types import Request, ToolResult
 
 __all__ = [
     "AsyncFn",
+    "Deadline",
     "Output",
     "OutputSink",
     "SyncFn",
@@ -34,10 +37,33 @@ class ToolFailure(Exception):
     """An expected failure whose message is written for the model to read."""
 
 
-def sync_builtin(name: str, description: str, schema: dict[str, Any], fn: SyncFn) -> Tool:
-    """A tool that checks its arguments and turns expected failures into error results."""
+class Deadline:
+    """A point in time that blocking work checks between its steps."""
 
-    def run(args: dict[str, Any], ctx: ToolContext) -> Output:
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds = seconds
+        self.what = what
+        self._end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(0.0, self._end - time.monotonic())
+
+    def check(self) -> None:
+        if time.monotonic() >= self._end:
+            raise self.expired()
+
+    def expired(self, why: str = "") -> ToolFailure:
+        return ToolFailure(f"{self.what} gave up after {self.seconds:g} s{why}")
+
+
+def sync_builtin(name: str, description: str, schema: dict[str, Any], fn: SyncFn) -> Tool:
+    """A tool that checks its arguments and turns expected failures into error results.
+
+    `fn` runs in a worker thread, whoever calls the tool: file and CPU work must
+    never hold up the event loop, where every other turn of the worker runs.
+    """
+
+    def run_sync(args: dict[str, Any], ctx: ToolContext) -> Output:
         try:
             _check_args(name, schema, args)
             return fn(args, ctx)
@@ -45,6 +71,9 @@ def sync_builtin(name: str, description: str, schema: dict[str, Any], fn: SyncFn
             return ToolResult.error(str(exc))
         except OSError as exc:
             return ToolResult.error(_os_message(exc))
+
+    async def run(args: dict[str, Any], ctx: ToolContext) -> Output:
+        return await asyncio.to_thread(run_sync, args, ctx)
 
     return define_tool(name, description, schema, run)
 
@@ -163,7 +192,10 @@ class OutputSink:
         self._total = 0
 
     def feed(self, data: bytes, *, final: bool = False) -> None:
-        text = self._decoder.decode(data, final)
+        self.add(self._decoder.decode(data, final))
+
+    def add(self, text: str) -> None:
+        """Keep already decoded text, as `feed` keeps bytes."""
         self._total += len(text)
         room = self._limit - self._kept
         if room > 0 and text:

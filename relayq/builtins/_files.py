@@ -1,64 +1,65 @@
-"""The read, write and edit builtins."""
+"""The read, write and edit builtins.
+
+Every file is reached through `_paths.locate` and opened by `_fileio`, so no
+link leads outside the base directory; reading streams the file in chunks, so a
+huge one neither fills memory nor holds the GIL (and with it the event loop).
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import codecs
+import os
+import re
 from typing import Any
 
 from relayq._tools import Tool, ToolContext
 from relayq.builtins._common import (
+    Deadline,
+    OutputSink,
     ToolFailure,
     opt_bool,
     opt_int,
     req_str,
     sync_builtin,
-    truncate,
 )
 from relayq.builtins._config import BuiltinsConfig
-from relayq.builtins._paths import base_of, display, resolve
+from relayq.builtins._fileio import (
+    IsFolder,
+    decode_utf8,
+    open_existing,
+    read_all,
+    write_fd,
+    write_file,
+)
+from relayq.builtins._paths import Base, open_base
 
-__all__ = ["edit_tool", "read_text", "read_tool", "split_lines", "write_tool"]
+__all__ = ["MAX_EDIT_BYTES", "edit_tool", "read_text", "read_tool", "split_lines", "write_tool"]
 
 _DEFAULT_LIMIT = 2000
+_CHUNK = 1024 * 1024
+# edit and apply_patch hold a file whole, several times over; past this, use bash.
+MAX_EDIT_BYTES = 32 * 1024 * 1024
+# Only \n, \r\n and \r end a line, as editors and grep count them.
+_BREAK = re.compile(r"\r\n|\r|\n")
 
 _PATH_DOC = "Path relative to the working directory (an absolute path must lie inside it)."
 
 
-def read_text(path: Path, shown: str) -> str:
+def read_text(base: Base, raw: str, *, verb: str) -> str:
     """A whole UTF-8 file, or a ToolFailure that says why it cannot be read as text."""
-    if not path.exists():
-        raise ToolFailure(f"file not found: {shown}")
-    if path.is_dir():
-        raise ToolFailure(f"{shown} is a directory, not a file; use glob to list its files")
-    data = path.read_bytes()
+    fd, _ = open_existing(base, raw, verb=verb)
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ToolFailure(
-            f"{shown} is not UTF-8 text (invalid byte at offset {exc.start}); "
-            "it is probably a binary file"
-        ) from exc
+        return decode_utf8(read_all(fd, raw, MAX_EDIT_BYTES), raw)
+    finally:
+        os.close(fd)
 
 
 def split_lines(text: str) -> list[str]:
     """Lines without their endings; a final newline does not start an empty line."""
-    lines = text.splitlines(keepends=True)
-    return [line.rstrip("\r\n") for line in _only_newline_breaks(lines)]
-
-
-def _only_newline_breaks(lines: list[str]) -> list[str]:
-    # str.splitlines also breaks at \f, \v, \x1c and \u2028; rejoin those so line
-    # numbers match what editors and grep count (only \n, \r\n and \r end a line).
-    out: list[str] = []
-    carry = ""
-    for line in lines:
-        carry += line
-        if carry.endswith(("\n", "\r")):
-            out.append(carry)
-            carry = ""
-    if carry:
-        out.append(carry)
-    return out
+    lines = _BREAK.split(text)
+    if lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 # -- read --------------------------------------------------------------------
@@ -84,13 +85,23 @@ _READ_SCHEMA: dict[str, Any] = {
 
 
 def read_tool(config: BuiltinsConfig) -> Tool:
+    seconds = config.file_timeout.total_seconds()
+
     def read(args: dict[str, Any], ctx: ToolContext) -> str:
         raw = req_str(args, "path")
         offset = opt_int(args, "offset", 1, minimum=1)
         limit = opt_int(args, "limit", _DEFAULT_LIMIT, minimum=1)
-        path = resolve(ctx, raw)
-        lines = split_lines(read_text(path, raw))
-        return truncate(_window(lines, offset, limit, raw), config.max_output_chars)
+        with open_base(ctx) as base:
+            try:
+                fd, _ = open_existing(base, raw, verb="read")
+            except IsFolder as exc:
+                raise ToolFailure(f"{exc}; use glob to list its files") from exc
+        window = _Window(offset, offset - 1 + limit, OutputSink(config.max_output_chars))
+        try:
+            _stream(fd, raw, window, Deadline(seconds, f"read of {raw}"))
+        finally:
+            os.close(fd)
+        return window.close(raw)
 
     return sync_builtin(
         "read",
@@ -102,17 +113,87 @@ def read_tool(config: BuiltinsConfig) -> Tool:
     )
 
 
-def _window(lines: list[str], offset: int, limit: int, shown: str) -> str:
-    total = len(lines)
-    if total == 0:
-        return f"({shown} is empty)"
-    if offset > total:
-        raise ToolFailure(f"offset {offset} is past the end of {shown}, which has {total} lines")
-    end = min(offset - 1 + limit, total)
-    body = "\n".join(f"{n:>6}\t{lines[n - 1]}" for n in range(offset, end + 1))
-    if end < total:
-        body += f"\n(showing lines {offset}-{end} of {total}; pass offset={end + 1} to read more)"
-    return body
+def _stream(fd: int, raw: str, window: _Window, deadline: Deadline) -> None:
+    """Decode the file chunk by chunk into `window`, checking it is UTF-8 throughout."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    fed = 0
+    while True:
+        deadline.check()
+        chunk = os.read(fd, _CHUNK)
+        held = len(decoder.getstate()[0])
+        try:
+            window.feed(decoder.decode(chunk, not chunk))
+        except UnicodeDecodeError as exc:
+            raise ToolFailure(
+                f"{raw} is not UTF-8 text (invalid byte at offset {fed - held + exc.start}); "
+                "it is probably a binary file"
+            ) from exc
+        if not chunk:
+            return
+        fed += len(chunk)
+
+
+class _Window:
+    """Numbers the lines of a text fed in pieces and shows those from `first` to `last`.
+
+    Lines pass straight into the sink, so a window over a huge file (or one huge
+    line) holds no more than the sink keeps.
+    """
+
+    def __init__(self, first: int, last: int, sink: OutputSink) -> None:
+        self.first = first
+        self.last = last
+        self.sink = sink
+        self.done = 0  # lines ended so far
+        self.open = False  # a line has begun and not ended
+        self.cr = False  # the last piece ended with \r, so a leading \n belongs to it
+
+    def feed(self, text: str) -> None:
+        if self.cr and text.startswith("\n"):
+            text = text[1:]
+        self.cr = text.endswith("\r")
+        if not text:
+            return
+        if self.done >= self.last:
+            # Past the window only the count matters: no per-line work.
+            self.done += text.count("\n") + text.count("\r") - text.count("\r\n")
+            self.open = not text.endswith(("\n", "\r"))
+            return
+        for i, part in enumerate(_BREAK.split(text)):
+            if i:
+                self._end_line()
+            if part:
+                self._show(part)
+
+    def _show(self, part: str) -> None:
+        number = self.done + 1
+        if self.first <= number <= self.last:
+            if not self.open:
+                self.sink.add(("\n" if number > self.first else "") + f"{number:>6}\t")
+            self.sink.add(part)
+        self.open = True
+
+    def _end_line(self) -> None:
+        if not self.open:
+            self._show("")
+        self.done += 1
+        self.open = False
+
+    def close(self, shown: str) -> str:
+        total = self.done + (1 if self.open else 0)
+        if total == 0:
+            return f"({shown} is empty)"
+        if self.first > total:
+            raise ToolFailure(
+                f"offset {self.first} is past the end of {shown}, which has {total} lines"
+            )
+        end = min(self.last, total)
+        if end < total:
+            self.sink.add(
+                f"\n(showing lines {self.first}-{end} of {total}; "
+                f"pass offset={end + 1} to read more)"
+            )
+        return self.sink.text()
 
 
 # -- write -------------------------------------------------------------------
@@ -132,13 +213,10 @@ def write_tool(config: BuiltinsConfig) -> Tool:
     def write(args: dict[str, Any], ctx: ToolContext) -> str:
         raw = req_str(args, "path")
         content = req_str(args, "content", allow_empty=True)
-        path = resolve(ctx, raw)
-        if path.is_dir():
-            raise ToolFailure(f"{raw} is a directory, not a file")
-        path.parent.mkdir(parents=True, exist_ok=True)
         data = content.encode("utf-8")
-        path.write_bytes(data)
-        return f"Wrote {len(data)} bytes to {display(base_of(ctx), path)}"
+        with open_base(ctx) as base:
+            shown, _ = write_file(base, raw, data)
+        return f"Wrote {len(data)} bytes to {shown}"
 
     return sync_builtin(
         "write",
@@ -183,23 +261,19 @@ def edit_tool(config: BuiltinsConfig) -> Tool:
         replace_all = opt_bool(args, "replace_all", False)
         if old == new:
             raise ToolFailure("old_string and new_string are the same; nothing would change")
-        path = resolve(ctx, raw)
-        text = read_text(path, raw)
-        count = text.count(old)
-        if count == 0:
-            raise ToolFailure(
-                f"old_string was not found in {raw}; read the file and copy "
-                "the text exactly, whitespace included"
-            )
-        if count > 1 and not replace_all:
-            raise ToolFailure(
-                f"old_string occurs {count} times in {raw}; pass replace_all=true to "
-                "replace them all, or add surrounding context to make it unique"
-            )
-        path.write_bytes(text.replace(old, new).encode("utf-8"))
-        made = count if replace_all else 1
-        noun = "replacement" if made == 1 else "replacements"
-        return f"Made {made} {noun} in {display(base_of(ctx), path)}"
+        with open_base(ctx) as base:
+            fd, shown = open_existing(base, raw, verb="edited", update=True)
+        try:
+            text = decode_utf8(read_all(fd, raw, MAX_EDIT_BYTES), raw)
+            made = _replace(text, old, new, raw, replace_all)
+            # The same open file is rewritten: no second walk that a swap could divert.
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            write_fd(fd, made[0].encode("utf-8"))
+        finally:
+            os.close(fd)
+        noun = "replacement" if made[1] == 1 else "replacements"
+        return f"Made {made[1]} {noun} in {shown}"
 
     return sync_builtin(
         "edit",
@@ -209,3 +283,18 @@ def edit_tool(config: BuiltinsConfig) -> Tool:
         _EDIT_SCHEMA,
         edit,
     )
+
+
+def _replace(text: str, old: str, new: str, raw: str, replace_all: bool) -> tuple[str, int]:
+    count = text.count(old)
+    if count == 0:
+        raise ToolFailure(
+            f"old_string was not found in {raw}; read the file and copy "
+            "the text exactly, whitespace included"
+        )
+    if count > 1 and not replace_all:
+        raise ToolFailure(
+            f"old_string occurs {count} times in {raw}; pass replace_all=true to "
+            "replace them all, or add surrounding context to make it unique"
+        )
+    return text.replace(old, new), count if replace_all else 1

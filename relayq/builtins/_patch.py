@@ -2,20 +2,31 @@
 
 Every new content is computed in memory first; disk is only written once the
 whole patch is known to apply, and a write failing midway restores the files
-already written.
+already written. Files are keyed by where their path leads (links followed
+inside the base), and every read and write goes through `_fileio`, so no link
+leads outside the base directory, even one swapped in between plan and commit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from relayq._tools import Tool, ToolContext
 from relayq.builtins._common import ToolFailure, req_str, sync_builtin, truncate
 from relayq.builtins._config import BuiltinsConfig
-from relayq.builtins._files import read_text
+from relayq.builtins._fileio import (
+    IsFolder,
+    Missing,
+    open_existing,
+    read_all,
+    remove_dir,
+    remove_file,
+    write_file,
+)
+from relayq.builtins._files import MAX_EDIT_BYTES, read_text
 from relayq.builtins._patch_parse import (
     AddFile,
     DeleteFile,
@@ -25,7 +36,7 @@ from relayq.builtins._patch_parse import (
     UpdateFile,
     parse_patch,
 )
-from relayq.builtins._paths import base_of, display, resolve
+from relayq.builtins._paths import Base, locate, open_base
 
 __all__ = ["apply_hunks", "apply_patch_tool"]
 
@@ -63,10 +74,11 @@ Paths are relative to the working directory."""
 def apply_patch_tool(config: BuiltinsConfig) -> Tool:
     def apply_patch(args: dict[str, Any], ctx: ToolContext) -> str:
         ops = parse_patch(req_str(args, "patch"))
-        plan = _Plan(ctx)
-        for op in ops:
-            plan.add(op)
-        plan.commit()
+        with open_base(ctx) as base:
+            plan = _Plan(base)
+            for op in ops:
+                plan.add(op)
+            plan.commit()
         return truncate("Applied patch:\n" + "\n".join(plan.summary), config.max_output_chars)
 
     return sync_builtin("apply_patch", _DESCRIPTION, _SCHEMA, apply_patch)
@@ -75,10 +87,10 @@ def apply_patch_tool(config: BuiltinsConfig) -> Tool:
 class _Plan:
     """The final content of every touched file (None: deleted), built before any write."""
 
-    def __init__(self, ctx: ToolContext) -> None:
-        self.ctx = ctx
-        self.base = base_of(ctx)
-        self.changes: dict[Path, str | None] = {}
+    def __init__(self, base: Base) -> None:
+        self.base = base
+        self.changes: dict[str, str | None] = {}
+        """Keyed by the path shown to the model: relative to the base, links followed."""
         self.summary: list[str] = []
 
     def add(self, op: Op) -> None:
@@ -89,99 +101,104 @@ class _Plan:
         else:
             self._update(op)
 
-    def _current(self, path: Path, shown: str) -> str | None:
-        if path in self.changes:
-            return self.changes[path]
-        if path.is_dir():
-            raise PatchError(f"{shown} is a directory, not a file; nothing was changed")
-        if not path.exists():
-            return None
-        return read_text(path, shown)
-
-    def _resolve(self, raw: str) -> Path:
+    def _current(self, shown: str, raw: str) -> str | None:
+        if shown in self.changes:
+            return self.changes[shown]
         try:
-            return resolve(self.ctx, raw)
+            return read_text(self.base, raw, verb="patched")
+        except Missing:
+            return None
+        except IsFolder as exc:
+            raise PatchError(f"{raw} is a directory, not a file; nothing was changed") from exc
+
+    def _resolve(self, raw: str) -> str:
+        try:
+            with locate(self.base, raw) as spot:
+                return spot.shown
         except ToolFailure as exc:
             raise PatchError(f"{exc}; nothing was changed") from exc
 
     def _add(self, op: AddFile) -> None:
-        path = self._resolve(op.path)
-        if self._current(path, op.path) is not None:
+        shown = self._resolve(op.path)
+        if self._current(shown, op.path) is not None:
             raise PatchError(
                 f"Add File {op.path}: the file already exists (use Update File to change "
                 "it); nothing was changed"
             )
-        self.changes[path] = "".join(line + "\n" for line in op.lines)
-        self.summary.append(f"A {display(self.base, path)}")
+        self.changes[shown] = "".join(line + "\n" for line in op.lines)
+        self.summary.append(f"A {shown}")
 
     def _delete(self, op: DeleteFile) -> None:
-        path = self._resolve(op.path)
-        if self._current(path, op.path) is None:
+        shown = self._resolve(op.path)
+        if self._current(shown, op.path) is None:
             raise PatchError(f"Delete File {op.path}: no such file; nothing was changed")
-        self.changes[path] = None
-        self.summary.append(f"D {display(self.base, path)}")
+        self.changes[shown] = None
+        self.summary.append(f"D {shown}")
 
     def _update(self, op: UpdateFile) -> None:
-        path = self._resolve(op.path)
-        text = self._current(path, op.path)
+        shown = self._resolve(op.path)
+        text = self._current(shown, op.path)
         if text is None:
             raise PatchError(f"Update File {op.path}: no such file; nothing was changed")
         new = apply_hunks(text, op.hunks, op.path)
         if op.move_to is None:
-            self.changes[path] = new
-            self.summary.append(f"M {display(self.base, path)}")
+            self.changes[shown] = new
+            self.summary.append(f"M {shown}")
             return
         dest = self._resolve(op.move_to)
-        if dest != path and self._current(dest, op.move_to) is not None:
+        if dest != shown and self._current(dest, op.move_to) is not None:
             raise PatchError(
                 f"Update File {op.path}: cannot move to {op.move_to}, which already "
                 "exists; nothing was changed"
             )
-        self.changes[path] = None
+        self.changes[shown] = None
         self.changes[dest] = new
-        self.summary.append(f"R {display(self.base, path)} -> {display(self.base, dest)}")
+        self.summary.append(f"R {shown} -> {dest}")
 
     def commit(self) -> None:
-        written: list[tuple[Path, bytes | None]] = []
-        made_dirs: list[Path] = []
-        path = self.base
+        written: list[tuple[str, bytes | None]] = []
+        made_dirs: list[str] = []
+        shown = "."
         try:
-            for path, content in self.changes.items():
-                before = path.read_bytes() if path.is_file() else None
+            for shown, content in self.changes.items():
                 # Recorded before the write so that a half-written file is restored too.
-                written.append((path, before))
+                written.append((shown, _snapshot(self.base, shown)))
                 if content is None:
-                    path.unlink(missing_ok=True)
+                    remove_file(self.base, shown)
                 else:
-                    made_dirs.extend(_make_parents(path))
-                    path.write_bytes(content.encode("utf-8"))
-        except OSError as exc:
-            _restore(written, made_dirs)
-            reason = exc.strerror or str(exc)
+                    _, made = write_file(self.base, shown, content.encode("utf-8"))
+                    made_dirs.extend(made)
+        except (OSError, ToolFailure) as exc:
+            _restore(self.base, written, made_dirs)
+            reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
             raise PatchError(
-                f"could not write {display(self.base, path)}: {reason}; the files "
+                f"could not write {shown}: {reason}; the files "
                 "already written were restored, nothing was changed"
             ) from exc
 
 
-def _make_parents(path: Path) -> list[Path]:
-    missing = [p for p in path.parents if not p.exists()]
-    for folder in reversed(missing):
-        folder.mkdir()
-    return list(reversed(missing))
+def _snapshot(base: Base, shown: str) -> bytes | None:
+    try:
+        fd, _ = open_existing(base, shown, verb="patched")
+    except Missing:
+        return None
+    try:
+        return read_all(fd, shown, MAX_EDIT_BYTES)
+    finally:
+        os.close(fd)
 
 
-def _restore(written: list[tuple[Path, bytes | None]], made_dirs: list[Path]) -> None:
+def _restore(base: Base, written: list[tuple[str, bytes | None]], made_dirs: list[str]) -> None:
     # Best effort: a restore that fails too must not hide the original error.
-    for path, before in reversed(written):
-        with contextlib.suppress(OSError):
+    for shown, before in reversed(written):
+        with contextlib.suppress(OSError, ToolFailure):
             if before is None:
-                path.unlink(missing_ok=True)
+                remove_file(base, shown)
             else:
-                path.write_bytes(before)
+                write_file(base, shown, before)
     for folder in reversed(made_dirs):
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+        with contextlib.suppress(OSError, ToolFailure):
+            remove_dir(base, folder)
 
 
 # -- hunks -------------------------------------------------------------------

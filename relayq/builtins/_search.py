@@ -1,19 +1,34 @@
-"""The grep and glob builtins: walking a folder without leaving the base directory."""
+"""The grep and glob builtins: walking a folder without leaving the base directory.
+
+Patterns are matched with the `regex` package, which releases the GIL while it
+matches and stops at a deadline, so a pattern that backtracks catastrophically
+(`(a|a)+$`) neither freezes the worker's event loop nor runs forever.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
-import re
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Generator, Iterator
 from typing import Any
 
+import regex
+
 from relayq._tools import Tool, ToolContext
-from relayq.builtins._common import ToolFailure, opt_str, req_str, sync_builtin, truncate
+from relayq.builtins._common import (
+    Deadline,
+    ToolFailure,
+    opt_str,
+    req_str,
+    sync_builtin,
+    truncate,
+)
 from relayq.builtins._config import BuiltinsConfig
+from relayq.builtins._fileio import Missing
 from relayq.builtins._files import split_lines
-from relayq.builtins._paths import base_of, display, inside, resolve
+from relayq.builtins._paths import locate, open_base
+from relayq.builtins._walk import Found, Walker
 
 __all__ = ["glob_regex", "glob_tool", "grep_tool"]
 
@@ -23,46 +38,32 @@ MAX_FILES = 1000
 # them whole would stall the call.
 _MAX_GREP_BYTES = 10 * 1024 * 1024
 _MAX_LINE_CHARS = 500
-_SKIPPED_DIRS = frozenset({".git"})
+_CHUNK = 1024 * 1024
 
 
-def _walk(base: Path, root: Path) -> Iterator[Path]:
-    """Files under `root`, without `.git` folders or anything resolving outside `base`.
-
-    Symlinked folders are not descended into (os.walk's default), and a symlinked
-    file is only kept when its target is inside the base directory.
-    """
-    if root.is_file():
-        yield root
-        return
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in _SKIPPED_DIRS]
-        for name in files:
-            path = Path(folder, name)
-            if path.is_symlink():
-                target = path.resolve()
-                if not inside(base, target) or not target.is_file():
-                    continue
-            yield path
-
-
-def _sorted_files(base: Path, root: Path) -> list[tuple[str, Path]]:
-    # `root` is resolved and the walk follows no symlinked folder, so every path
-    # lies under `base` as written; a symlinked file is shown where it sits.
-    files = [(display(base, p), p) for p in _walk(base, root)]
-    files.sort(key=lambda item: item[0])
-    return files
-
-
-def _search_root(ctx: ToolContext, args: dict[str, Any]) -> tuple[Path, Path]:
-    base = base_of(ctx)
+@contextlib.contextmanager
+def _search_files(
+    ctx: ToolContext, args: dict[str, Any], deadline: Deadline, *, folder: bool = False
+) -> Iterator[tuple[Walker, Generator[Found, None, None]]]:
+    """A walker and the files under the `path` argument (default: the whole base)."""
     raw = opt_str(args, "path")
-    if raw is None:
-        return base, base
-    root = resolve(ctx, raw)
-    if not root.exists():
-        raise ToolFailure(f"path not found: {raw}")
-    return base, root
+    with open_base(ctx) as base, locate(base, raw or ".") as root:
+        walker = Walker(base, deadline)
+        try:
+            is_folder = walker.is_folder(root)
+        except Missing as exc:
+            raise ToolFailure(f"path not found: {raw}") from exc
+        if folder and not is_folder:
+            raise ToolFailure(f"{raw} is not a folder")
+        files = walker.files(root)
+        try:
+            yield walker, files
+        finally:
+            files.close()  # a grep that stopped early leaves folders open otherwise
+
+
+def _with_notes(out: str, walker: Walker) -> str:
+    return "\n".join([out, *walker.notes])
 
 
 # -- grep --------------------------------------------------------------------
@@ -90,21 +91,24 @@ _GREP_SCHEMA: dict[str, Any] = {
 
 
 def grep_tool(config: BuiltinsConfig) -> Tool:
+    seconds = config.file_timeout.total_seconds()
+
     def grep(args: dict[str, Any], ctx: ToolContext) -> str:
         pattern = req_str(args, "pattern")
         include = opt_str(args, "include")
         try:
-            regex = re.compile(pattern)
-        except re.error as exc:
+            compiled = regex.compile(pattern)
+        except regex.error as exc:
             raise ToolFailure(f"invalid regex {pattern!r}: {exc}") from exc
-        base, root = _search_root(ctx, args)
-        hits, capped = _grep_files(base, root, regex, include)
+        deadline = Deadline(seconds, "grep")
+        with _search_files(ctx, args, deadline) as (walker, files):
+            hits, capped = _grep_files(walker, files, _Matcher(compiled, deadline), include)
         if not hits:
-            return f"No matches for {pattern!r}."
+            return _with_notes(f"No matches for {pattern!r}.", walker)
         out = "\n".join(hits)
         if capped:
             out += f"\n(stopped at {MAX_MATCHES} matches; narrow the pattern, path or include)"
-        return truncate(out, config.max_output_chars)
+        return truncate(_with_notes(out, walker), config.max_output_chars)
 
     return sync_builtin(
         "grep",
@@ -116,28 +120,57 @@ def grep_tool(config: BuiltinsConfig) -> Tool:
     )
 
 
+class _Matcher:
+    """Searches lines within the deadline, releasing the GIL while it matches."""
+
+    def __init__(self, compiled: regex.Pattern[str], deadline: Deadline) -> None:
+        self.compiled = compiled
+        self.deadline = deadline
+
+    def __call__(self, line: str) -> bool:
+        left = self.deadline.left()
+        if left <= 0:
+            raise self._slow()
+        try:
+            return self.compiled.search(line, timeout=left, concurrent=True) is not None
+        except TimeoutError as exc:
+            raise self._slow() from exc
+
+    def _slow(self) -> ToolFailure:
+        return self.deadline.expired(
+            f": the pattern {self.compiled.pattern!r} took too long to match (nested "
+            "repetitions such as (a+)+ or (a|a)+ can backtrack without end); simplify it, "
+            "or narrow the path or include"
+        )
+
+
 def _grep_files(
-    base: Path, root: Path, regex: re.Pattern[str], include: str | None
+    walker: Walker, files: Iterator[Found], matches: _Matcher, include: str | None
 ) -> tuple[list[str], bool]:
     hits: list[str] = []
-    for shown, path in _sorted_files(base, root):
-        if include is not None and not fnmatch.fnmatchcase(path.name, include):
+    for found in files:
+        if include is not None and not fnmatch.fnmatchcase(found.name, include):
             continue
-        for number, line in _text_lines(path):
-            if regex.search(line):
+        for number, line in _text_lines(walker, found):
+            if matches(line):
                 if len(hits) == MAX_MATCHES:
                     return hits, True
-                hits.append(f"{shown}:{number}:{_clip(line)}")
+                hits.append(f"{found.shown}:{number}:{_clip(line)}")
     return hits, False
 
 
-def _text_lines(path: Path) -> Iterator[tuple[int, str]]:
+def _text_lines(walker: Walker, found: Found) -> Iterator[tuple[int, str]]:
+    fd = walker.open(found)
+    if fd is None:
+        return
     try:
-        if path.stat().st_size > _MAX_GREP_BYTES:
+        if os.fstat(fd).st_size > _MAX_GREP_BYTES:
             return
-        data = path.read_bytes()
+        data = _read(fd, walker.deadline)
     except OSError:
         return  # unreadable files are skipped, as grep -s does
+    finally:
+        os.close(fd)
     if b"\0" in data:
         return
     try:
@@ -145,6 +178,14 @@ def _text_lines(path: Path) -> Iterator[tuple[int, str]]:
     except UnicodeDecodeError:
         return
     yield from enumerate(split_lines(text), start=1)
+
+
+def _read(fd: int, deadline: Deadline) -> bytes:
+    parts: list[bytes] = []
+    while chunk := os.read(fd, _CHUNK):
+        deadline.check()
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _clip(line: str) -> str:
@@ -175,22 +216,20 @@ _GLOB_SCHEMA: dict[str, Any] = {
 
 
 def glob_tool(config: BuiltinsConfig) -> Tool:
+    seconds = config.file_timeout.total_seconds()
+
     def glob(args: dict[str, Any], ctx: ToolContext) -> str:
         pattern = req_str(args, "pattern")
-        base, root = _search_root(ctx, args)
-        if not root.is_dir():
-            raise ToolFailure(f"{args['path']} is not a folder")
-        regex = glob_regex(pattern)
-        found: list[str] = []
-        for shown, path in _sorted_files(base, root):
-            if regex.fullmatch(path.relative_to(root).as_posix()):
-                found.append(shown)
+        compiled = glob_regex(pattern)
+        deadline = Deadline(seconds, "glob")
+        with _search_files(ctx, args, deadline, folder=True) as (walker, files):
+            found = [f.shown for f in files if _glob_match(compiled, f.rel, deadline)]
         if not found:
-            return f"No files match {pattern!r}."
+            return _with_notes(f"No files match {pattern!r}.", walker)
         out = "\n".join(found[:MAX_FILES])
         if len(found) > MAX_FILES:
             out += f"\n(showing {MAX_FILES} of {len(found)} files; narrow the pattern)"
-        return truncate(out, config.max_output_chars)
+        return truncate(_with_notes(out, walker), config.max_output_chars)
 
     return sync_builtin(
         "glob",
@@ -201,7 +240,14 @@ def glob_tool(config: BuiltinsConfig) -> Tool:
     )
 
 
-def glob_regex(pattern: str) -> re.Pattern[str]:
+def _glob_match(compiled: regex.Pattern[str], rel: str, deadline: Deadline) -> bool:
+    try:
+        return compiled.fullmatch(rel, timeout=max(deadline.left(), 1e-3)) is not None
+    except TimeoutError as exc:
+        raise deadline.expired(": the pattern took too long to match; simplify it") from exc
+
+
+def glob_regex(pattern: str) -> regex.Pattern[str]:
     """A regex matching the `/`-separated relative paths that `pattern` selects."""
     pattern = pattern.removeprefix("./")
     if pattern.startswith("/") or ".." in pattern.split("/"):
@@ -224,9 +270,9 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
         elif pattern[i] == "[":
             i = _char_class(pattern, i, out)
         else:
-            out.append(re.escape(pattern[i]))
+            out.append(regex.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out), re.DOTALL)
+    return regex.compile("".join(out), regex.DOTALL)
 
 
 def _char_class(pattern: str, start: int, out: list[str]) -> int:
@@ -234,7 +280,7 @@ def _char_class(pattern: str, start: int, out: list[str]) -> int:
         "]", start + 2 if pattern[start + 1 : start + 2] in ("!", "]") else start + 1
     )
     if end == -1:
-        out.append(re.escape("["))
+        out.append(regex.escape("["))
         return start + 1
     body = pattern[start + 1 : end]
     if body.startswith("!"):

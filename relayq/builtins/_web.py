@@ -1,4 +1,12 @@
-"""The webfetch builtin: GET one http(s) URL and return its text."""
+"""The webfetch builtin: GET one http(s) URL and return its text.
+
+Only public addresses are reached unless the agent's config allows more: each
+host is resolved here, every address judged (`_netguard`), and the request sent
+to the very address judged, the name going in the Host header and in TLS (SNI
+and certificate check). Redirects are followed here, one hop at a time, each
+judged the same way, so neither a redirect nor a DNS answer that changes
+between check and connect (rebinding) reaches a private service.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +20,18 @@ from relayq._tools import Tool, ToolContext
 from relayq._types import ToolResult
 from relayq.builtins._common import OutputSink, ToolFailure, async_builtin, opt_seconds, req_str
 from relayq.builtins._config import BuiltinsConfig
+from relayq.builtins._netguard import NetGuard
 
 __all__ = ["webfetch_tool"]
 
 # Content types that are text even though they do not start with text/.
 _TEXTUAL = ("json", "xml", "javascript", "ecmascript", "yaml", "toml", "csv", "x-www-form")
+_MAX_REDIRECTS = 10
 
 
 def webfetch_tool(config: BuiltinsConfig) -> Tool:
     limit = config.webfetch_timeout.total_seconds()
+    guard = NetGuard(config.webfetch_allowed_networks)
     schema: dict[str, Any] = {
         "type": "object",
         "properties": {
@@ -42,7 +53,7 @@ def webfetch_tool(config: BuiltinsConfig) -> Tool:
             # The client's timeout bounds each read; this one bounds the whole fetch,
             # so a server trickling bytes cannot hold the call forever.
             async with asyncio.timeout(timeout):
-                return await _fetch(url, timeout, config.max_output_chars)
+                return await _fetch(url, guard, timeout, config.max_output_chars)
         except (TimeoutError, httpx.TimeoutException):
             return ToolResult.error(f"timed out after {timeout:g} s fetching {url}")
         except httpx.HTTPError as exc:
@@ -51,7 +62,8 @@ def webfetch_tool(config: BuiltinsConfig) -> Tool:
     return async_builtin(
         "webfetch",
         "Fetch a web page or file over http or https with GET, following redirects, and "
-        "return its body as text. A status other than 2xx is an error carrying the code.",
+        "return its body as text. A status other than 2xx is an error carrying the code. "
+        "Only public internet addresses can be reached.",
         schema,
         webfetch,
     )
@@ -67,24 +79,57 @@ def _http_url(raw: str) -> httpx.URL:
     return url
 
 
-async def _fetch(url: httpx.URL, seconds: float, max_chars: int) -> ToolResult:
-    async with (
-        httpx.AsyncClient(follow_redirects=True, timeout=seconds) as client,
-        client.stream("GET", url) as response,
-    ):
-        kind = response.headers.get("content-type", "")
-        if response.is_success and not _is_text(kind):
-            return ToolResult.error(f"{response.url} is {kind}, not text; it cannot be shown")
-        sink = OutputSink(max_chars, _codec(response.charset_encoding))
-        async for chunk in response.aiter_bytes():
-            sink.feed(chunk)
-        body = sink.text()
-        if not response.is_success:
-            reason = response.reason_phrase
-            return ToolResult.error(
-                f"HTTP {response.status_code} {reason} from {response.url}\n{body}"
-            )
-        return ToolResult(output=body)
+async def _fetch(url: httpx.URL, guard: NetGuard, seconds: float, max_chars: int) -> ToolResult:
+    # trust_env=False: a proxy from the environment would connect on our behalf,
+    # to an address nobody judged.
+    async with httpx.AsyncClient(
+        follow_redirects=False, timeout=seconds, trust_env=False
+    ) as client:
+        for _ in range(_MAX_REDIRECTS + 1):
+            address = await guard.address_for(url)
+            async with client.stream("GET", **_pinned(url, address)) as response:
+                location = response.headers.get("location")
+                if response.is_redirect and location:
+                    url = _next_hop(url, location)
+                    continue
+                return await _result(url, response, max_chars)
+    return ToolResult.error(f"more than {_MAX_REDIRECTS} redirects fetching {url}; gave up")
+
+
+def _pinned(url: httpx.URL, address: str) -> dict[str, Any]:
+    """Request arguments that connect to `address` while speaking to `url`'s host."""
+    extensions: dict[str, Any] = {}
+    if url.scheme == "https":
+        extensions["sni_hostname"] = url.raw_host.decode("ascii")
+    return {
+        "url": url.copy_with(host=address),
+        "headers": {"Host": url.netloc.decode("ascii")},
+        "extensions": extensions,
+    }
+
+
+def _next_hop(url: httpx.URL, location: str) -> httpx.URL:
+    try:
+        target = url.join(location)
+    except httpx.InvalidURL as exc:
+        raise ToolFailure(f"{url} redirected to an invalid URL {location!r}: {exc}") from exc
+    if target.scheme not in ("http", "https") or not target.host:
+        raise ToolFailure(f"{url} redirected to {location!r}, which is not http(s); not followed")
+    return target
+
+
+async def _result(url: httpx.URL, response: httpx.Response, max_chars: int) -> ToolResult:
+    kind = response.headers.get("content-type", "")
+    if response.is_success and not _is_text(kind):
+        return ToolResult.error(f"{url} is {kind}, not text; it cannot be shown")
+    sink = OutputSink(max_chars, _codec(response.charset_encoding))
+    async for chunk in response.aiter_bytes():
+        sink.feed(chunk)
+    body = sink.text()
+    if not response.is_success:
+        reason = response.reason_phrase
+        return ToolResult.error(f"HTTP {response.status_code} {reason} from {url}\n{body}")
+    return ToolResult(output=body)
 
 
 def _is_text(content_type: str) -> bool:

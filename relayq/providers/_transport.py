@@ -1,15 +1,17 @@
 """`ProviderModel`: a model over HTTP, with retries, and keys that never leak.
 
 A key is read when a call is made and goes only into that request's headers.
-Error messages carry the status and at most 500 characters of the body, with
-the key (and anything shaped like a bearer token or an `sk-` key) redacted.
+A provider's error becomes a ModelError holding its status, its type and a
+short message (300 characters at most), never its body as such: a 400 may
+echo the request, prompts and all. Whatever the message quotes of the
+request's messages is replaced by `[request text]`, and the key, bearer
+tokens, `sk-` keys and long random-looking tokens by `[redacted]`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
-import re
 import ssl
 import time
 import weakref
@@ -22,6 +24,7 @@ import httpx
 from relayq._errors import ModelError
 from relayq._model import InProcessRequest, InProcessResponse
 from relayq._retry import backoff
+from relayq.limits import ERROR_TEXT_LIMIT, redact_secrets, safe_text, without_echoes
 from relayq.providers import _anthropic, _openai
 from relayq.providers._config import ProviderConfig
 from relayq.providers._wire import Reply, ToolChoice
@@ -29,20 +32,18 @@ from relayq.providers._wire import Reply, ToolChoice
 __all__ = ["RETRYABLE_STATUS", "ProviderModel", "redact"]
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504, 529})
-_BODY_CAP = 500
+# Of an error's message, only this much is read for echoes of the request;
+# less than that is kept.
+_READ_CAP = 4 * ERROR_TEXT_LIMIT
 # Connections per httpx pool: a pool scans all its connections at every
 # request: with 500 in flight a call cost 1.9 ms of CPU in shards of 32
 # and 1.0 ms in shards of 8.
 _SHARD_SIZE = 8
-_SECRETS = re.compile(r"(?i)(bearer\s+)[^\s\"']+|\bsk-[A-Za-z0-9_\-]{6,}")
 
 
 def redact(text: str, *secrets: str | None) -> str:
-    """`text` with every given secret, bearer token and `sk-...` key replaced."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-    return _SECRETS.sub(lambda m: (m.group(1) or "") + "[redacted]", text)
+    """`text` with every given secret, bearer token, `sk-...` key and long random token replaced."""
+    return redact_secrets(text, *secrets)
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:
@@ -63,6 +64,61 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def _error(response: httpx.Response, where: str, key: str, request: dict[str, Any]) -> ModelError:
+    """The provider's status, error type and message, safe to store and to log."""
+    status = response.status_code
+    kind, message = _error_of(response)
+    # Echoes out and keys redacted before cutting: a key cut in half would no longer match.
+    text = safe_text(redact(without_echoes(message[:_READ_CAP], _texts_of(request)), key))
+    kind = safe_text(redact(kind, key), limit=60) if kind else ""
+    retryable = status in RETRYABLE_STATUS
+    return ModelError(
+        f"{where} answered {status}"
+        + (f" ({kind})" if kind else "")
+        + (f": {text}" if text else ""),
+        retryable=retryable,
+        retry_after=_retry_after(response.headers) if retryable else None,
+        status=status,
+    )
+
+
+def _error_of(response: httpx.Response) -> tuple[str, str]:
+    """The error's type and message from an OpenAI- or Anthropic-shaped body; of any other
+    body, its text as the message. Every other field (a `param`, an echoed request) is left."""
+    try:
+        body = response.json()
+    except ValueError:
+        return "", response.text
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, str):
+        return "", error
+    if not isinstance(error, dict):
+        error = body if isinstance(body, dict) and "message" in body else {}
+    kind = error.get("type") or error.get("code") or ""
+    message = error.get("message") or (body.get("detail") if isinstance(body, dict) else None)
+    return str(kind), message if isinstance(message, str) else ""
+
+
+_STRUCTURAL = frozenset({"role", "type", "id", "tool_call_id", "tool_use_id", "name"})
+"""Keys of a message whose values say how it is built, not what it says."""
+
+
+def _texts_of(request: dict[str, Any]) -> list[str]:
+    """Every text the request's messages (and system prompt) carried."""
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [("messages", request.get("messages"))]
+    stack.append(("system", request.get("system")))
+    while stack:
+        key, item = stack.pop()
+        if isinstance(item, str) and key not in _STRUCTURAL:
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.items())
+        elif isinstance(item, list):
+            stack.extend((key, i) for i in item)
+    return found
 
 
 class ProviderModel:
@@ -139,27 +195,16 @@ class ProviderModel:
             ) from None
         except httpx.TransportError as exc:
             raise ModelError(
-                f"{where} unreachable: {redact(str(exc), key)}", retryable=True
+                f"{where} unreachable: {safe_text(redact(str(exc), key))}", retryable=True
             ) from None
         if response.status_code >= 400:
-            raise self._error(response, where, key)
+            raise _error(response, where, key, body)
         try:
             reply: Reply = self._dialect.decode(response.json())
             return reply
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelError(f"{where} sent an unreadable response: {exc}") from None
-
-    def _error(self, response: httpx.Response, where: str, key: str) -> ModelError:
-        status = response.status_code
-        # Redact before cutting: a key cut in half would no longer match.
-        text = redact(response.text, key)[:_BODY_CAP]
-        retryable = status in RETRYABLE_STATUS
-        return ModelError(
-            f"{where} answered {status}: {text}",
-            retryable=retryable,
-            retry_after=_retry_after(response.headers) if retryable else None,
-            status=status,
-        )
+            text = safe_text(redact(str(exc), key))
+            raise ModelError(f"{where} sent an unreadable response: {text}") from None
 
     def _client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()

@@ -138,7 +138,7 @@ def crash(args: dict[str, Any], ctx: ToolContext) -> str:
     time.sleep(0.3)  # `work` finishes and reaches the ledger first
     if note("tool", f"crash {ctx.run_id}") == 1:
         os._exit(1)
-    return f"survived {ctx.idempotency_key}"
+    return f"survived {ctx.idempotency_key} attempt {ctx.attempt}"
 
 
 def crashy_model(req: InProcessRequest) -> InProcessResponse:
@@ -277,3 +277,39 @@ async def crowd_model(req: InProcessRequest) -> InProcessResponse:
 
 
 crowd = Agent("crowd", crowd_model)
+
+
+# Fault probes: runs slow enough that a worker killed at any moment holds turns
+# in flight, each with a local tool and a relay call the host answers.
+async def pace(args: dict[str, Any], ctx: ToolContext) -> str:
+    note("tool", f"pace {ctx.run_id} attempt {ctx.attempt}")
+    await asyncio.sleep(0.4)
+    return f"paced {ctx.idempotency_key}"
+
+
+async def steady_model(req: InProcessRequest) -> InProcessResponse:
+    await asyncio.sleep(0.2)
+    outs = tool_outputs(req)
+    if not outs:
+        return calls(("c1", "pace"))
+    if len(outs) == 1:
+        return calls(("c2", "approve"))
+    return InProcessResponse(content=" | ".join(outs))
+
+
+steady = Agent(
+    "steady",
+    steady_model,
+    tools=[define_tool("pace", "p", None, pace), relay_tool("approve", "the host approves")],
+)
+
+
+# Rate limited once, asked to come back in a few seconds: the retry's message
+# waits in its worker (an ETA) meanwhile.
+def later_model(req: InProcessRequest) -> InProcessResponse:
+    if note("model", prompt_of(req)) == 1:
+        raise ModelError("429 rate limited", retryable=True, retry_after=3.0)
+    return InProcessResponse(content="came back")
+
+
+later = Agent("later", later_model)

@@ -256,21 +256,29 @@ class SpareWorkers:
     durable: Durable
     started: list[Worker] = field(default_factory=list)
 
-    def start(self, **env: str) -> Durable:
-        """A worker on a fresh prefix, with `env` over the session's environment."""
+    def start(self, *args: str, **env: str) -> Durable:
+        """A worker on a fresh prefix, with `env` over the session's environment and
+        `args` (e.g. `-Q relayq.turns`) for `celery worker`."""
         merged = {**self.durable.env, "RELAYQ_KEY_PREFIX": self.durable.broker.new_prefix(), **env}
-        return self._launch(merged)
+        return self._launch(merged, args)
 
-    def restart(self, spare: Durable) -> Durable:
+    def restart(self, spare: Durable, *args: str) -> Durable:
         """A new worker in place of `spare`'s (same prefix), as a supervisor would start."""
         spare.worker.stop()
-        return self._launch(spare.env)
+        return self._launch(spare.env, args)
 
-    def _launch(self, env: dict[str, str]) -> Durable:
+    def kill(self, spare: Durable) -> None:
+        """SIGKILL the worker's whole process group, as a machine's death would."""
+        proc = spare.worker.proc
+        assert proc is not None
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def _launch(self, env: dict[str, str], args: tuple[str, ...] = ()) -> Durable:
         logfile = self.durable.log.parent / f"worker-{uuid.uuid4().hex[:8]}.log"
         worker = Worker(env, logfile)
         self.started.append(worker)
-        worker.start()
+        worker.start(*args)
         return Durable(env, Settings.from_env(env), self.durable.log, worker, self.durable.broker)
 
 

@@ -18,8 +18,9 @@ def _check_resumed_not_repeated(durable: Durable, prompt: str, res: RunResult) -
     assert durable.count("model", prompt) == 2, "turn 1 once, the final turn once"
     assert durable.count("tool", f"work {run_id}") == 1, "a finished tool is read from the ledger"
     assert durable.count("tool", f"crash {run_id}") == 2, "the interrupted tool runs again"
-    assert res.text == f"worked,survived {run_id}:c2", "the idempotency key is stable"
-    assert [c.output for c in res.tool_calls] == ["worked", f"survived {run_id}:c2"]
+    survived = f"survived {run_id}:1:c2 attempt 2"
+    assert res.text == f"worked,{survived}", "the same key, and the second attempt"
+    assert [c.output for c in res.tool_calls] == ["worked", survived]
 
 
 async def test_a_redelivered_turn_neither_calls_the_model_again_nor_reruns_a_finished_tool(
@@ -41,9 +42,9 @@ async def test_a_redelivered_turn_neither_calls_the_model_again_nor_reruns_a_fin
 async def test_a_turn_whose_worker_died_finishes_once_a_new_worker_starts(
     durable: Durable, spare_workers: SpareWorkers, prompt: str, eventually: Eventually
 ):
-    # Given a worker as `python -m workers worker` starts it (with a short lease and
-    # frequent sweeps, to keep the test short), and the same crashing turn
-    spare = spare_workers.start(RELAYQ_LEASE="3", RELAYQ_SWEEP_EVERY="1")
+    # Given a worker as `python -m workers worker` starts it, with the default
+    # recovery settings, and the same crashing turn
+    spare = spare_workers.start()
     async with DurableClient(settings=spare.settings) as client:
         run_id = await client.start("crashy", prompt)
 

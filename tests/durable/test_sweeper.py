@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 
 from relayq._types import new_id
-from store import claim_turn, create_run, get_run, sweep
+from store import Recovery, claim_turn, create_run, get_run, sweep
 from store.outbox import mark_published
 from tasks import DurableClient
 from tasks.publish import publish
@@ -23,7 +23,7 @@ async def test_a_run_whose_first_message_was_never_sent_is_started_by_a_sweep(
     assert get_run(client.db, run_id).status == "queued"
 
     # When the sweeper looks for unsent messages
-    report = sweep(client.db, outbox_grace=timedelta(0))
+    report = sweep(client.db, recovery=Recovery(outbox_grace=timedelta(0)))
     publish(client.app, client.db, report.outbox)
 
     # Then it sends the lost one again and the run completes on the worker
@@ -57,16 +57,18 @@ async def test_a_run_left_running_by_a_vanished_worker_is_requeued_by_a_sweep(
     assert durable.count("model", prompt) == 1
 
 
-async def test_a_live_worker_renews_its_lease_so_a_long_turn_is_not_swept_from_under_it(
+async def test_a_live_workers_heartbeat_keeps_a_long_turn_from_being_swept_from_under_it(
     durable: Durable, spare_workers: SpareWorkers, prompt: str, eventually: Eventually
 ):
-    # Given a worker whose claims last 1.5 s and which sweeps every 0.3 s
-    spare = spare_workers.start(RELAYQ_LEASE="1.5", RELAYQ_SWEEP_EVERY="0.3")
+    # Given a worker taken for dead 1.5 s after its last heartbeat, sweeping every 0.3 s
+    spare = spare_workers.start(
+        RELAYQ_HEARTBEAT_EVERY="0.3", RELAYQ_WORKER_TIMEOUT="1.5", RELAYQ_SWEEP_EVERY="0.3"
+    )
     async with DurableClient(settings=spare.settings) as client:
         run_id = await client.start("holding", prompt)
         await eventually(lambda: durable.count("tool", f"hold {run_id}") == 1, what="the tool")
 
-        # When its tool runs for several leases (the worker renews the claim meanwhile)
+        # When its tool runs for three times that (the worker beats meanwhile)
         await asyncio.sleep(4.5)
         (durable.log / f"release-{run_id}").touch()
         res = await client.result(run_id, wait=True, timeout=30)

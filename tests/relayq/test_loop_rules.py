@@ -255,7 +255,7 @@ async def test_a_raising_tool_becomes_an_error_result():
     assert res.text == "RuntimeError: kaput"
 
 
-async def test_tools_get_a_stable_idempotency_key_of_run_and_call_id():
+async def test_tools_get_a_stable_idempotency_key_of_run_turn_and_call_id():
     keys: list[str] = []
 
     def remember(args: dict[str, Any], ctx: ToolContext) -> str | Request:
@@ -271,7 +271,32 @@ async def test_tools_get_a_stable_idempotency_key_of_run_and_call_id():
         tk, halted.messages, halted.pending, answer_output(halted.pending.id, "yes")
     )
 
-    assert keys == [f"{halted.run_id}:c7"] * 2
+    assert keys == [f"{halted.run_id}:1:c7"] * 2, "the same call keeps its key when called again"
+
+
+async def test_a_call_id_reused_in_a_later_turn_gets_a_key_of_its_own():
+    # Given a provider that names the call of every turn `call_0`
+    seen: list[tuple[str, int]] = []
+
+    def charge(args: dict[str, Any], ctx: ToolContext) -> str:
+        seen.append((ctx.idempotency_key, ctx.attempt))
+        return f"charged {args['amount']}"
+
+    tk = await kit(define_tool("charge", "x", None, charge))
+    model = Script(
+        [
+            InProcessResponse(tool_calls=[call("call_0", "charge", {"amount": 5})]),
+            InProcessResponse(tool_calls=[call("call_0", "charge", {"amount": 7})]),
+            text("done"),
+        ]
+    )
+
+    # When the run makes two different charges under that one id
+    res = await create_in_process_client(generate=model).run("go", tk)
+
+    # Then each charge has its own key, so a tool that dedupes on it drops neither
+    assert res.status == "done"
+    assert seen == [(f"{res.run_id}:1:call_0", 1), (f"{res.run_id}:2:call_0", 1)]
 
 
 async def test_a_call_that_has_not_started_when_the_run_is_cancelled_never_starts():

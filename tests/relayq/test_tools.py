@@ -64,7 +64,7 @@ async def test_a_decorated_tool_receives_its_context_outside_the_schema(tmp_path
         return f"{greeting} {ctx.idempotency_key}"
 
     assert "ctx" not in who.schema["properties"]
-    assert await who.invoke({}, ctx(tmp_path)) == ToolResult(output="hi run_1:c1")
+    assert await who.invoke({}, ctx(tmp_path)) == ToolResult(output="hi run_1:1:c1")
 
 
 async def test_a_tool_returning_neither_text_nor_a_result_gives_an_error_result(tmp_path):

@@ -41,6 +41,7 @@ from store import (
     get_run,
     ledger_get,
     ledger_put,
+    ledger_start,
     save_reply,
     transcript,
 )
@@ -83,6 +84,9 @@ class StoreJournal(Journal):
 
     async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
         return ledger_get(self.db, self.claim.run_id, at, call_id, attempt)
+
+    async def starting(self, at: int, call_id: str, attempt: str) -> int:
+        return ledger_start(self.db, self.claim.run_id, at, call_id, attempt)
 
     async def record(
         self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request

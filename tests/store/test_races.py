@@ -11,6 +11,7 @@ BEGIN, so its transactions never interleave: these tests are PostgreSQL's
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from relayq import ResumeError
@@ -28,6 +30,8 @@ from store import (
     Database,
     StaleClaim,
     accept_answer,
+    apply_answer_of,
+    cancel_run,
     claim_turn,
     expire_requests,
     finish_turn,
@@ -166,3 +170,84 @@ async def test_a_turn_finishing_while_the_sweeper_requeues_its_run_is_not_overwr
     else:
         assert isinstance(finishing.exception(), StaleClaim)
         assert run.status == "queued"
+
+
+async def test_an_answer_and_a_cancel_racing_end_with_exactly_one_winner(pg: Database):
+    # Given a run pending on a request
+    _, _, turn = await halt_on_relay(pg, "c1")
+    assert turn.pending is not None
+    rid = turn.pending.id
+
+    # When the answer is being accepted (its locks taken) as a cancel comes in
+    accepting, cancelling = interleave(
+        pg,
+        "relayq_outbox",
+        lambda d: accept_answer(d, answer_output(rid, "42"), answered_by="host"),
+        lambda d: cancel_run(d, "run_1"),
+    )
+
+    # Then the answer won the request, and the cancel stopped the run without
+    # overwriting it: the request stays answered, and is never applied
+    assert accepting.exception() is None
+    assert cancelling.exception() is None
+    assert get_request(pg, rid).status == "answered"
+    assert get_run(pg, "run_1").status == "cancelled"
+    assert apply_answer_of(pg, rid) == []
+
+
+async def test_a_cancel_holding_the_run_makes_a_racing_answer_refused(pg: Database):
+    # Given a run pending on a request
+    _, _, turn = await halt_on_relay(pg, "c1")
+    assert turn.pending is not None
+    rid = turn.pending.id
+
+    # When a cancel holds the run (stalled on closing its requests) as the answer comes
+    cancelling, accepting = interleave(
+        pg,
+        "relayq_requests",
+        lambda d: cancel_run(d, "run_1"),
+        lambda d: accept_answer(d, answer_output(rid, "42"), answered_by="host"),
+    )
+
+    # Then the cancel won: the answer is refused and the request says cancelled
+    assert cancelling.exception() is None
+    assert isinstance(accepting.exception(), ResumeError)
+    assert get_request(pg, rid).status == "cancelled"
+    assert outbox_rows(pg, ANSWER_TASK) == []
+
+
+@pytest.mark.parametrize("round_", range(10))
+async def test_answers_and_cancels_racing_freely_agree_with_the_request(db: Database, round_: int):
+    # Given a run pending on a request, and two clients released together
+    _, _, turn = await halt_on_relay(db, "c1")
+    assert turn.pending is not None
+    rid = turn.pending.id
+    dbs = [Database(db.url), Database(db.url)]
+    gate = threading.Barrier(2)
+
+    def answer() -> Accepted:
+        gate.wait()
+        return accept_answer(dbs[0], answer_output(rid, "42"))
+
+    def cancel() -> str:
+        gate.wait()
+        return cancel_run(dbs[1], "run_1")
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            answered, cancelled = pool.submit(answer), pool.submit(cancel)
+            answered.exception(timeout=30)
+            cancelled.exception(timeout=30)
+    finally:
+        for d in dbs:
+            d.dispose()
+
+    # Then the request's status says who won: answered iff the answer was accepted
+    status = get_request(db, rid).status
+    assert cancelled.exception() is None
+    assert get_run(db, "run_1").status == "cancelled"
+    if answered.exception() is None:
+        assert status == "answered"
+    else:
+        assert isinstance(answered.exception(), ResumeError)
+        assert status == "cancelled"

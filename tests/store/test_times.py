@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.exc import StatementError
 
 from relayq import BuiltinsConfig, Request, ToolContext, create_toolkit, define_tool
-from store import Database, OutboxRow, get_request, get_run, list_requests, sweep
+from store import Database, OutboxRow, Recovery, get_request, get_run, list_requests, sweep
 from store.models import utcnow
 from tests.relayq.scripted import calls
 
@@ -67,8 +67,10 @@ def test_times_compare_as_instants_whatever_zone_they_were_given_in(db: Database
     add_outbox_row(db, created_at=datetime(2031, 6, 1, 12, 0, tzinfo=PLUS_FIVE_THIRTY))
     at = datetime(2031, 6, 1, 6, 30, tzinfo=UTC)
 
-    assert sweep(db, now=at + timedelta(seconds=29)).outbox == []
-    assert len(sweep(db, now=(at + timedelta(seconds=31)).astimezone(PLUS_FIVE_THIRTY)).outbox) == 1
+    grace = Recovery().outbox_grace
+    assert sweep(db, now=at + grace - timedelta(seconds=1)).outbox == []
+    later = (at + grace + timedelta(seconds=1)).astimezone(PLUS_FIVE_THIRTY)
+    assert len(sweep(db, now=later).outbox) == 1
 
 
 async def test_a_request_expiry_given_in_another_zone_comes_back_in_utc(db: Database):

@@ -51,3 +51,52 @@ def test_backoff_doubles_with_jitter_and_stays_below_the_ceiling(attempt):
 def test_backoff_waits_at_least_the_servers_retry_after_but_never_past_the_ceiling():
     assert backoff(0, 7.5, base=0.01) >= 7.5
     assert backoff(0, 10_000, base=0.01) == MAX_COUNTDOWN
+
+
+def test_the_recovery_bounds_default_to_meeting_thirty_seconds_and_can_be_set():
+    # Dead worker: timeout + one sweep interval + a turn; lost message: bound + a sweep.
+    s = Settings.from_env({})
+    rec = s.recovery()
+    assert (s.heartbeat_every, s.sweep_every) == (2.0, 5.0)
+    assert rec.worker_timeout.total_seconds() + s.sweep_every < 30
+    assert rec.redeliver_after.total_seconds() + s.sweep_every < 30
+    assert rec.outbox_grace.total_seconds() + s.sweep_every < 30
+    assert s.visibility_timeout == 3600
+
+    custom = Settings.from_env(
+        {
+            "RELAYQ_HEARTBEAT_EVERY": "1",
+            "RELAYQ_WORKER_TIMEOUT": "4",
+            "RELAYQ_SWEEP_EVERY": "2",
+            "RELAYQ_REDELIVER_AFTER": "7",
+            "RELAYQ_OUTBOX_GRACE": "3",
+            "RELAYQ_VISIBILITY_TIMEOUT": "7200",
+        }
+    )
+    rec = custom.recovery()
+    assert (rec.worker_timeout.total_seconds(), rec.redeliver_after.total_seconds()) == (4, 7)
+    assert rec.outbox_grace.total_seconds() == 3
+    assert (custom.sweep_every, custom.heartbeat_every, custom.visibility_timeout) == (2, 1, 7200)
+    assert custom.broker_options()["broker_transport_options"]["visibility_timeout"] == 7200
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"RELAYQ_SWEEP_EVERY": "soon"}, "RELAYQ_SWEEP_EVERY must be a number"),
+        ({"RELAYQ_WORKER_TIMEOUT": "0"}, "RELAYQ_WORKER_TIMEOUT must be more than 0"),
+        ({"RELAYQ_WORKER_TIMEOUT": "3"}, "at least twice RELAYQ_HEARTBEAT_EVERY"),
+    ],
+)
+def test_a_recovery_setting_that_cannot_work_is_refused(env: dict[str, str], says: str):
+    with pytest.raises(ValueError, match=says):
+        Settings.from_env(env)
+
+
+def test_beat_sweeps_as_often_as_the_workers_do():
+    from workers.config import celery_config
+
+    config = celery_config(Settings.from_env({"RELAYQ_SWEEP_EVERY": "7"}))
+    entry = config["beat_schedule"]["relayq-sweep"]
+    assert entry["schedule"] == 7.0
+    assert entry["options"]["expires"] == 14.0

@@ -1,17 +1,23 @@
-"""The bash builtin: exit codes, combined output, timeouts that kill the whole group."""
+"""The bash builtin: exit codes, combined output, a small environment, and no leftovers."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from relayq._errors import ToolkitError
 from relayq._tools import ToolContext
 from relayq._types import ToolResult
-from relayq.builtins import BuiltinsConfig, builtin_tools
+from relayq.builtins import BASH_ENV_NAMES, BuiltinsConfig, builtin_tools
 
 
 def _ctx(base: Path) -> ToolContext:
@@ -204,3 +210,176 @@ async def test_a_missing_command_is_an_error_result(tmp_path: Path) -> None:
 
 def test_the_test_helper_sees_this_process_alive() -> None:
     assert _alive(os.getpid())
+
+
+# -- the environment: an allow-list, extendable per agent --------------------
+
+
+async def test_a_secret_of_the_worker_is_not_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-worker-secret")
+    monkeypatch.setenv("RELAYQ_TEST_SECRET", "hunter2")
+
+    out = await _bash(tmp_path, {"command": "env; echo ${OPENAI_API_KEY-unset}"})
+
+    assert not out.is_error
+    assert "sk-worker-secret" not in out.output
+    assert "hunter2" not in out.output
+    assert out.output.endswith("unset\n")
+
+
+async def test_only_allow_listed_variables_are_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("TZ", "UTC")
+
+    out = await _bash(tmp_path, {"command": "env -0"})
+
+    names = {item.split("=", 1)[0] for item in out.output.split("\0") if item}
+    assert {"LANG", "LC_TIME", "TZ", "PATH"} <= names
+    # bash adds PWD, SHLVL and _ itself.
+    assert names - {"PWD", "SHLVL", "_"} <= BASH_ENV_NAMES | {"LC_TIME", "LC_CTYPE", "LC_ALL"}
+
+
+async def test_an_allowed_variable_keeps_the_workers_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LANG", "C.UTF-8")
+
+    out = await _bash(tmp_path, {"command": "echo $LANG"})
+
+    assert out.output == "C.UTF-8\n"
+
+
+async def test_an_agent_can_pass_more_variables_and_set_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAYQ_TEST_TOKEN", "for-this-agent")
+    monkeypatch.setenv("RELAYQ_TEST_SECRET", "hunter2")
+    config = BuiltinsConfig(
+        enabled=frozenset({"bash"}),
+        bash_pass_env=frozenset({"RELAYQ_TEST_TOKEN"}),
+        bash_env={"RELAYQ_FIXED": "fixed value", "LANG": "C"},
+    )
+
+    out = await _bash(
+        tmp_path,
+        {"command": 'echo "$RELAYQ_TEST_TOKEN|$RELAYQ_FIXED|$LANG|${RELAYQ_TEST_SECRET-unset}"'},
+        config,
+    )
+
+    assert out.output == "for-this-agent|fixed value|C|unset\n"
+
+
+def test_an_invalid_variable_name_is_a_toolkit_error() -> None:
+    with pytest.raises(ToolkitError, match="invalid environment variable name"):
+        BuiltinsConfig(bash_env={"A=B": "x"})
+
+
+async def test_a_nul_byte_in_the_command_is_an_error_result(tmp_path: Path) -> None:
+    out = await _bash(tmp_path, {"command": "echo a\0b"})
+
+    assert out.is_error
+    assert "NUL" in out.output
+
+
+# -- nothing the command started outlives the call ---------------------------
+
+# Each writes its pid to a file and then waits; the command waits for the files.
+SETSID = "setsid sh -c 'echo $$ > setsid.pid; exec sleep 300' &"
+DAEMON = "( setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' & ) &"
+WAIT_FOR_PIDS = "while [ ! -s setsid.pid ] || [ ! -s daemon.pid ]; do sleep 0.01; done"
+
+
+async def test_setsid_and_double_forked_daemons_die_when_the_command_exits(
+    tmp_path: Path,
+) -> None:
+    out = await _bash(tmp_path, {"command": f"{SETSID} {DAEMON} {WAIT_FOR_PIDS}; echo done"})
+
+    assert out.output == "done\n"
+    setsid, daemon = _pid_in(tmp_path / "setsid.pid"), _pid_in(tmp_path / "daemon.pid")
+    assert setsid is not None
+    assert daemon is not None
+    # Killed and reaped before the call returned: no waiting here.
+    assert not _alive(setsid), "the setsid process outlived the call"
+    assert not _alive(daemon), "the double-forked daemon outlived the call"
+
+
+async def test_setsid_and_double_forked_daemons_die_on_timeout(tmp_path: Path) -> None:
+    command = f"{SETSID} {DAEMON} {WAIT_FOR_PIDS}; sleep 300"
+
+    out = await _bash(tmp_path, {"command": command, "timeout_seconds": 2})
+
+    assert out.output.startswith("timed out after 2 s")
+    for name in ("setsid.pid", "daemon.pid"):
+        pid = _pid_in(tmp_path / name)
+        assert pid is not None
+        assert not _alive(pid), f"{name} outlived the timeout"
+
+
+async def test_setsid_daemons_die_when_the_call_is_cancelled(tmp_path: Path) -> None:
+    (tool,) = builtin_tools(BuiltinsConfig.only("bash"))
+    command = f"{SETSID} {DAEMON} {WAIT_FOR_PIDS}; sleep 300"
+    call = asyncio.create_task(tool.invoke({"command": command}, _ctx(tmp_path)))
+    setsid = await _read_pid(tmp_path / "setsid.pid")
+    daemon = await _read_pid(tmp_path / "daemon.pid")
+
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+
+    assert not _alive(setsid)
+    assert not _alive(daemon)
+
+
+async def test_the_exit_code_passes_through_the_supervisor(tmp_path: Path) -> None:
+    out = await _bash(tmp_path, {"command": "sleep 300 & exit 7"})
+
+    assert out.output == "exit code 7\n"
+
+
+REPO = Path(__file__).resolve().parents[3]
+WORKER = """
+import asyncio, sys
+from pathlib import Path
+from relayq._tools import ToolContext
+from relayq.builtins import BuiltinsConfig, builtin_tools
+
+async def main() -> None:
+    (tool,) = builtin_tools(BuiltinsConfig.only("bash"))
+    ctx = ToolContext(run_id="r", call_id="c", tool_name="bash", base_dir=Path(sys.argv[1]))
+    await tool.invoke({"command": sys.argv[2]}, ctx)
+
+asyncio.run(main())
+"""
+
+
+async def test_daemons_die_when_the_worker_itself_is_killed(tmp_path: Path) -> None:
+    # Given a worker process in the middle of a bash call that started daemons
+    command = f"{SETSID} {DAEMON} {WAIT_FOR_PIDS}; sleep 300"
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WORKER, str(tmp_path), command, cwd=REPO
+    )
+    pids: list[int] = []
+    try:
+        pids = [
+            await _read_pid(tmp_path / "setsid.pid", within=15),
+            await _read_pid(tmp_path / "daemon.pid", within=15),
+        ]
+
+        # When the worker is killed outright, with no chance to clean up
+        worker.kill()
+        await worker.wait()
+
+        # Then the supervisor, told by the kernel, kills them all the same
+        for pid in pids:
+            assert await _wait_until_dead(pid), f"{pid} outlived the worker"
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -14,7 +14,12 @@ from relayq.builtins import BUILTIN_NAMES, BuiltinsConfig, builtin_tools
 
 
 def test_the_exported_names_are_pinned() -> None:
-    assert sorted(relayq.builtins.__all__) == ["BUILTIN_NAMES", "BuiltinsConfig", "builtin_tools"]
+    assert sorted(relayq.builtins.__all__) == [
+        "BASH_ENV_NAMES",
+        "BUILTIN_NAMES",
+        "BuiltinsConfig",
+        "builtin_tools",
+    ]
 
 
 def test_all_builtins_come_in_builtin_names_order() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,89 @@ async def test_edit_errors_say_what_is_wrong_and_change_nothing(
     assert out.is_error
     assert expected in out.output
     assert (tmp_path / "a.py").read_text() == "x = 1\n"
+
+
+# -- reading streams the file ------------------------------------------------
+
+MIB = 1024 * 1024
+
+
+async def test_read_counts_lines_the_same_across_chunk_boundaries(tmp_path: Path) -> None:
+    # A \r\n split between two 1 MiB chunks ends one line, not two.
+    (tmp_path / "a.txt").write_bytes(b"a" * (MIB - 1) + b"\r\nb\rc\nlast")
+
+    out = await _call(tmp_path, "read", {"path": "a.txt", "offset": 2, "limit": 2})
+
+    assert (
+        out.output == "     2\tb\n     3\tc\n(showing lines 2-3 of 4; pass offset=4 to read more)"
+    )
+
+
+async def test_read_counts_the_lines_past_the_window(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"x\r\n" * 3000 + b"y\rz")
+
+    out = await _call(tmp_path, "read", {"path": "a.txt", "limit": 1})
+
+    assert out.output == "     1\tx\n(showing lines 1-1 of 3002; pass offset=2 to read more)"
+
+
+async def test_read_decodes_a_character_split_between_chunks(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"a" * (MIB - 1) + "é\n".encode())
+
+    out = await _call(tmp_path, "read", {"path": "a.txt"}, _big_output())
+
+    assert out.output.endswith("aé")
+
+
+async def test_read_names_the_offset_of_invalid_utf8_past_the_first_chunk(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"a" * (MIB + 5) + b"\xff")
+
+    out = await _call(tmp_path, "read", {"path": "a.txt"})
+
+    assert out.is_error
+    assert f"invalid byte at offset {MIB + 5}" in out.output
+
+
+async def test_a_long_line_in_the_window_is_cut_like_any_output(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x" * 200_000 + "\n")
+    config = BuiltinsConfig(enabled=frozenset({"read"}), max_output_chars=100)
+
+    out = await _call(tmp_path, "read", {"path": "a.txt"}, config)
+
+    assert (
+        out.output
+        == "     1\t" + "x" * 93 + "\n[output cut: 199907 of 200007 characters not shown]"
+    )
+
+
+def _big_output() -> BuiltinsConfig:
+    return BuiltinsConfig(enabled=frozenset({"read"}), max_output_chars=2 * MIB)
+
+
+# -- only regular files --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [
+        ("read", {"path": "pipe"}),
+        ("write", {"path": "pipe", "content": "x"}),
+        ("edit", {"path": "pipe", "old_string": "a", "new_string": "b"}),
+    ],
+)
+async def test_a_fifo_is_refused_rather_than_waited_on(
+    tmp_path: Path, tool: str, args: dict[str, Any]
+) -> None:
+    os.mkfifo(tmp_path / "pipe")
+
+    out = await _call(tmp_path, tool, args)
+
+    assert out.is_error
+    assert "not a regular file" in out.output
+
+
+async def test_a_nul_byte_in_a_path_is_an_error(tmp_path: Path) -> None:
+    out = await _call(tmp_path, "read", {"path": "a\0b"})
+
+    assert out.is_error
+    assert "NUL" in out.output

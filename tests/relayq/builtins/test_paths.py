@@ -190,3 +190,43 @@ async def test_a_symlink_loop_is_an_error_not_an_exception(world: World) -> None
     out = await _call(world.base, "read", {"path": "loop_a"})
 
     assert out.is_error
+
+
+async def test_links_are_followed_while_they_stay_inside(world: World) -> None:
+    (world.base / "sub").mkdir()
+    (world.base / "abs_link").symlink_to(world.base / "inside.txt")
+    (world.base / "sub" / "up").symlink_to("../inside.txt")
+    (world.base / "sub" / "chain").symlink_to("up")
+
+    for path in ["abs_link", "sub/up", "sub/chain", "sub/chain/../inside.txt"]:
+        out = await _call(world.base, "read", {"path": path})
+        if path.endswith("inside.txt"):
+            # `chain` is a file, so nothing lies under it.
+            assert out.is_error
+        else:
+            assert out.output == "     1\tinside", path
+
+
+async def test_a_link_whose_target_climbs_out_is_refused(world: World) -> None:
+    (world.base / "sub").mkdir()
+    (world.base / "sub" / "out").symlink_to("../../outside/secret.txt")
+    (world.base / "sub" / "via").symlink_to("../link_dir")
+
+    read = await _call(world.base, "read", {"path": "sub/out"})
+    through = await _call(world.base, "read", {"path": "sub/via/secret.txt"})
+    write = await _call(world.base, "write", {"path": "sub/via/new.txt", "content": "x"})
+
+    for out in (read, through, write):
+        assert out.is_error
+        assert "outside the base directory" in out.output
+    assert world.snapshot() == {"secret.txt": SECRET.encode()}
+
+
+async def test_writing_through_an_inside_link_changes_its_target(world: World) -> None:
+    (world.base / "alias.txt").symlink_to("inside.txt")
+
+    out = await _call(world.base, "write", {"path": "alias.txt", "content": "new\n"})
+
+    assert out.output == "Wrote 4 bytes to inside.txt"
+    assert (world.base / "inside.txt").read_text() == "new\n"
+    assert (world.base / "alias.txt").is_symlink()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,87 @@ async def test_glob_of_a_file_path_is_an_error(tmp_path: Path) -> None:
 
     assert out.is_error
     assert "not a folder" in out.output
+
+
+# -- what cannot be walked is skipped, and named ------------------------------
+
+
+def _loops(base: Path) -> None:
+    _tree(base, {"sub/ok.txt": "needle\n", "top.txt": "needle\n"})
+    os.symlink("loop_b", base / "sub" / "loop_a")
+    os.symlink("loop_a", base / "sub" / "loop_b")
+    os.symlink("self", base / "self")
+
+
+async def test_grep_skips_symlink_loops_says_so_and_goes_on(tmp_path: Path) -> None:
+    _loops(tmp_path)
+
+    out = await _call(tmp_path, "grep", {"pattern": "needle"})
+
+    assert not out.is_error
+    assert out.output.splitlines() == [
+        "sub/ok.txt:1:needle",
+        "top.txt:1:needle",
+        "skipped: self (symlink loop)",
+        "skipped: sub/loop_a (symlink loop)",
+        "skipped: sub/loop_b (symlink loop)",
+    ]
+
+
+async def test_glob_skips_symlink_loops_says_so_and_goes_on(tmp_path: Path) -> None:
+    _loops(tmp_path)
+
+    out = await _call(tmp_path, "glob", {"pattern": "**/*.txt"})
+
+    assert not out.is_error
+    assert out.output.splitlines() == [
+        "sub/ok.txt",
+        "top.txt",
+        "skipped: self (symlink loop)",
+        "skipped: sub/loop_a (symlink loop)",
+        "skipped: sub/loop_b (symlink loop)",
+    ]
+
+
+async def test_a_search_without_matches_still_names_what_it_skipped(tmp_path: Path) -> None:
+    _loops(tmp_path)
+
+    out = await _call(tmp_path, "grep", {"pattern": "absent", "path": "sub"})
+
+    assert out.output.splitlines() == [
+        "No matches for 'absent'.",
+        "skipped: sub/loop_a (symlink loop)",
+        "skipped: sub/loop_b (symlink loop)",
+    ]
+
+
+async def test_searching_a_symlink_loop_itself_is_an_error_result(tmp_path: Path) -> None:
+    _loops(tmp_path)
+
+    out = await _call(tmp_path, "grep", {"pattern": "x", "path": "sub/loop_a"})
+
+    assert out.is_error
+    assert "symlink loop" in out.output
+
+
+async def test_many_skipped_entries_are_summed_up(tmp_path: Path) -> None:
+    for i in range(25):
+        os.symlink(f"l{i:02}", tmp_path / f"l{i:02}")
+
+    out = await _call(tmp_path, "glob", {"pattern": "*"})
+
+    lines = out.output.splitlines()
+    assert lines[0] == "No files match '*'."
+    assert lines[1:21] == [f"skipped: l{i:02} (symlink loop)" for i in range(20)]
+    assert lines[21:] == ["skipped: 5 more"]
+
+
+async def test_grep_skips_fifos_instead_of_waiting_on_them(tmp_path: Path) -> None:
+    _tree(tmp_path, {"ok.txt": "needle\n"})
+    os.mkfifo(tmp_path / "pipe")
+
+    grep = await _call(tmp_path, "grep", {"pattern": "needle"})
+    direct = await _call(tmp_path, "grep", {"pattern": "needle", "path": "pipe"})
+
+    assert grep.output == "ok.txt:1:needle"
+    assert "No matches" in direct.output

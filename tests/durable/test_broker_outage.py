@@ -1,0 +1,208 @@
+"""A worker rides out a broker outage: it reconnects and consumes again, and never exits 0 unasked.
+
+Issue #9: Redis killed and restarted with turns in flight, and the worker
+exited with status 0 about 6 s later (kombu's `AttributeError: 'NoneType'
+object has no attribute 'hostname'` while Celery released the lost
+connection). Each test has a Redis of its own (`tests.brokers.PrivateRedis`),
+kills it with turns in flight, and brings it back empty, as a broker that
+lost its memory: what was queued then is gone (the store's sweeper sends it
+again), so the tests publish new runs once it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tasks import DurableClient, Settings
+from tests.brokers import PrivateRedis
+from workers.config import celery_config
+
+from .conftest import Eventually, Worker
+from .outage_agents import release
+
+LOST = "Connection to broker lost"
+CONNECTED = "Connected to redis://"
+DETACHED = "finished after its broker connection was lost"
+
+
+@dataclass
+class Outage:
+    """A private Redis, a SQLite store, and the worker a test starts on them."""
+
+    redis: PrivateRedis
+    env: dict[str, str]
+    home: Path
+    worker: Worker | None = None
+
+    def start_worker(self, *, pool: str, concurrency: int, **env: str) -> Worker:
+        env = {**self.env, "RELAYQ_POOL": pool, "RELAYQ_CONCURRENCY": str(concurrency), **env}
+        self.worker = Worker(env, self.home / f"worker-{pool}.log")
+        return self.worker.start()
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env)
+
+    def log(self) -> str:
+        assert self.worker is not None
+        return self.worker.logfile.read_text(errors="replace")
+
+    def models_started(self) -> set[str]:
+        path = self.home / "log" / "model.log"
+        return set(path.read_text().splitlines()) if path.exists() else set()
+
+
+@pytest.fixture
+def outage(tmp_path: Path) -> Iterator[Outage]:
+    log = tmp_path / "log"
+    os.environ["RELAYQ_TEST_LOG"] = str(log)  # `release` writes the gates the worker reads
+    redis = PrivateRedis(tmp_path / "redis").start()
+    env = {
+        **os.environ,
+        "RELAYQ_HOME": str(tmp_path),
+        "RELAYQ_DATABASE_URL": f"sqlite:///{tmp_path / 'relayq.db'}",
+        "RELAYQ_BROKER_URL": redis.url,
+        "RELAYQ_KEY_PREFIX": "relayq-outage:",
+        "RELAYQ_AGENTS": "tests.durable.agents,tests.durable.outage_agents",
+        "RELAYQ_TEST_LOG": str(log),
+    }
+    o = Outage(redis, env, tmp_path)
+    try:
+        yield o
+    finally:
+        if o.worker is not None:
+            o.worker.stop()
+        redis.stop()
+
+
+@pytest.mark.parametrize(
+    ("pool", "concurrency", "seconds"),
+    [("asyncio", 50, 6.0), ("asyncio", 50, 20.0), ("prefork", 3, 6.0)],
+    ids=["asyncio-6s", "asyncio-20s", "prefork-6s"],
+)
+async def test_a_worker_rides_out_a_broker_outage_and_consumes_again(
+    outage: Outage, eventually: Eventually, pool: str, concurrency: int, seconds: float
+):
+    # Given a worker with two turns in flight and a slot free, so that it also
+    # waits on the broker for more (what made releasing the lost connection fail)
+    worker = outage.start_worker(pool=pool, concurrency=concurrency)
+    assert worker.proc is not None
+    pid = worker.proc.pid
+    during, after = f"during {uuid.uuid4().hex}", f"after {uuid.uuid4().hex}"
+    async with DurableClient(settings=outage.settings) as client:
+        held = [await client.start("held", p) for p in (during, after)]
+    await eventually(
+        lambda: {during, after} <= outage.models_started(), what="both turns to be in flight"
+    )
+
+    # When the broker is killed, one turn ends while it is away, the broker
+    # comes back empty after `seconds`, and the other turn ends after that
+    outage.redis.kill()
+    killed = time.monotonic()
+    await eventually(lambda: LOST in outage.log(), what="the worker to notice the outage")
+    release(during)
+    while time.monotonic() - killed < seconds:
+        stopping = worker.proc.poll() is not None or "Unrecoverable error" in outage.log()
+        assert not stopping, f"the worker stops:\n{outage.log()[-3000:]}"
+        await asyncio.sleep(0.1)
+    outage.redis.restart_empty()
+    back = time.monotonic()
+    with outage.redis.client() as conn:
+        assert conn.dbsize() == 0, "the broker came back empty"
+
+    # Then the worker reconnects and takes new runs to the end ...
+    async with DurableClient(settings=outage.settings) as client:
+        fresh = [await client.start("two-step", f"fresh {i} {uuid.uuid4().hex}") for i in range(5)]
+
+        async def done(run_ids: list[str], *, every: bool = True) -> bool:
+            finished = [(await client.result(r)).status == "done" for r in run_ids]
+            return all(finished) if every else any(finished)
+
+        await eventually(lambda: done(fresh, every=False), timeout=45, what="a new run to end")
+        consumed_again = time.monotonic() - back
+        await eventually(lambda: done(fresh), timeout=15, what="every new run to finish")
+        release(after)
+        if pool == "asyncio":
+            # ... the turns it held finished and stored what they did, one while
+            # the broker was away, one after it came back, neither acknowledged ...
+            await eventually(lambda: done(held), what="the turns held across the outage to end")
+            await eventually(lambda: outage.log().count(DETACHED) == 2, what="both to be logged")
+
+    # ... and it is the same process, which logged the outage and went on
+    print(f"{pool}, {seconds:g} s outage: a new run done {consumed_again:.1f} s after the return")
+    assert worker.proc.poll() is None
+    assert worker.proc.pid == pid
+    text = outage.log()
+    assert text.count(CONNECTED) == 2, "connected at start, and again after the outage"
+    assert "Unrecoverable error" not in text
+    # A stop asked for is still a clean exit.
+    worker.stop()
+    assert worker.proc.returncode == 0
+
+
+async def test_a_worker_that_stops_on_its_own_exits_non_zero(
+    outage: Outage, eventually: Eventually
+):
+    # Given the worker as the issue found it (Celery's own consumer, which stops
+    # when releasing a lost connection fails), with a turn in flight and a slot free
+    worker = outage.start_worker(pool="asyncio", concurrency=4, RELAYQ_TEST_CELERYS_CONSUMER="1")
+    assert worker.proc is not None
+    prompt = f"in flight {uuid.uuid4().hex}"
+    async with DurableClient(settings=outage.settings) as client:
+        await client.start("held", prompt)
+    await eventually(lambda: prompt in outage.models_started(), what="the turn to be in flight")
+
+    # When the broker goes away
+    outage.redis.kill()
+    await eventually(lambda: LOST in outage.log(), what="the worker to notice the outage")
+    release(prompt)  # its warm stop waits for the turn
+
+    # Then the worker stops, with a status that a supervisor restarts it on
+    await eventually(lambda: worker.proc.poll() is not None, what="the worker to stop")
+    assert "Unrecoverable error" in outage.log()
+    assert worker.proc.returncode == 1
+
+
+def test_a_worker_that_ends_with_no_status_unasked_exits_1(monkeypatch: pytest.MonkeyPatch):
+    # Celery may end a worker with no status at all (after a WorkerTerminate, say)
+    app = _worker_app(monkeypatch, started=True, stop_requested=False)
+    assert app.exit_code(None) == 1
+    assert app.exit_code(0) == 1
+    assert app.exit_code(2) == 2
+
+
+def test_a_stop_asked_for_exits_with_celerys_own_status(monkeypatch: pytest.MonkeyPatch):
+    app = _worker_app(monkeypatch, started=True, stop_requested=True)
+    assert app.exit_code(0) == 0  # SIGTERM, or the remote `shutdown`
+    assert app.exit_code(1) == 1  # a failing status stays one
+    idle = _worker_app(monkeypatch, started=False, stop_requested=False)
+    assert idle.exit_code(0) == 0, "no worker ran: `worker --help`, beat, inspect"
+
+
+def test_the_worker_waits_for_the_broker_forever_and_survives_losing_it(tmp_path: Path):
+    config = celery_config(Settings.from_env({"RELAYQ_HOME": str(tmp_path)}))
+    assert config["broker_connection_retry"] is True
+    assert config["broker_connection_max_retries"] is None
+    assert config["worker_consumer"] == "workers.app:Consumer"
+    assert config["worker_cancel_long_running_tasks_on_connection_loss"] is True
+
+
+def _worker_app(monkeypatch: pytest.MonkeyPatch, *, started: bool, stop_requested: bool):
+    # `workers.app` the module: the package's `app` attribute is the Celery app.
+    module = importlib.import_module("workers.app")
+    for name, value in (("_started", started), ("_stop_requested", stop_requested)):
+        event = threading.Event()
+        if value:
+            event.set()
+        monkeypatch.setattr(module, name, event)
+    return module
