@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from api._errors import http_error
 from relayq import Answer, ResumeError
-from relayq.limits import AnswerTooLarge, UnstorableAnswer
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
-from store import StoredRequest, get_request, get_run
-from store.models import utcnow
+from store import StoredRequest, get_request
 from tasks import DurableClient
 
 __all__ = ["AnswerBody", "answer_request", "approval", "stored_request"]
@@ -86,54 +84,17 @@ async def stored_request(client: DurableClient, request_id: str) -> StoredReques
     try:
         return await asyncio.to_thread(get_request, client.db, request_id)
     except ResumeError as exc:
-        raise HTTPException(404, str(exc)) from exc
-
-
-async def _closed(client: DurableClient, stored: StoredRequest) -> str | None:
-    """Why the request takes no answer now, if it takes none."""
-    if stored.status != "open":
-        return f"request {stored.request.id} is already {stored.status}"
-    expires = stored.request.expires_at
-    if expires is not None and utcnow() >= expires:
-        return f"request {stored.request.id} expired at {expires.isoformat()}"
-    run = await asyncio.to_thread(get_run, client.db, stored.run_id)
-    if run.status != "pending" or run.cancel_requested:
-        state = "cancelled" if run.cancel_requested else run.status
-        return f"run {run.id} of request {stored.request.id} is {state}"
-    return None
-
-
-def _repeated(stored: StoredRequest, answer: Answer) -> bool:
-    """Whether the answer gives a result to a call that an earlier partial answer gave one."""
-
-    def ids(a: Answer | None) -> set[Any]:
-        results = (a.data or {}).get("results") if a is not None else None
-        if not isinstance(results, list):
-            return set()
-        return {r.get("id") for r in results if isinstance(r, dict)}
-
-    return bool(ids(stored.answer) & ids(answer))
+        raise http_error(exc) from exc
 
 
 async def answer_request(
     client: DurableClient, answer: Answer, *, answered_by: str, partial: bool = False
 ) -> StoredRequest:
-    """Submit the answer; HTTPException 404, 409 or 422 (nothing changed) if it is refused."""
-    stored = await stored_request(client, answer.id)
-    conflict = await _closed(client, stored)
-    if conflict is not None:
-        raise HTTPException(409, conflict)
+    """Submit the answer; 404, 409, 413 or 422 from the refusal's type (nothing changed)."""
     try:
         await client.submit_answer(answer, answered_by=answered_by, partial=partial)
-    except AnswerTooLarge as exc:
-        raise HTTPException(413, str(exc)) from exc
-    except UnstorableAnswer as exc:
-        raise HTTPException(422, str(exc)) from exc
     except ResumeError as exc:
-        # Look again: another answer may have won meanwhile.
-        now = await stored_request(client, answer.id)
-        taken = await _closed(client, now) is not None or _repeated(now, answer)
-        raise HTTPException(409 if taken else 422, str(exc)) from exc
+        raise http_error(exc) from exc
     return await stored_request(client, answer.id)
 
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -15,9 +15,8 @@ from api._answers import AnswerBody, answer_request, stored_request
 from api._auth import Answerer, Reader, Submitter
 from api._events import event_stream
 from relayq import RunResult
-from relayq.agents import AgentError, get_agent
-from relayq.limits import InputTooLarge, UnstorableInput
-from store import RunRow, StoredRequest, UnknownRun
+from relayq.agents import get_agent
+from store import RunRow, StoredRequest
 from tasks import DurableClient
 
 __all__ = ["router"]
@@ -86,16 +85,8 @@ async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
     404: no such agent. 413: the prompt is over the size limit. 422: it holds
     what the store cannot keep (a NUL character, a lone surrogate).
     """
-    try:
-        agent = get_agent(body.agent)
-    except AgentError as exc:
-        raise HTTPException(404, str(exc)) from exc
-    try:
-        return Created(id=await _client(request).start(agent, body.prompt))
-    except InputTooLarge as exc:
-        raise HTTPException(413, str(exc)) from exc
-    except UnstorableInput as exc:
-        raise HTTPException(422, str(exc)) from exc
+    # Refusals (UnknownAgent, InputTooLarge, ...) answer by their type: see api._errors.
+    return Created(id=await _client(request).start(get_agent(body.agent), body.prompt))
 
 
 @router.get("/runs")
@@ -114,19 +105,13 @@ async def list_runs(
 @router.get("/runs/{run_id}")
 async def get_run(run_id: str, request: Request, who: Reader) -> RunResult:
     """The run as stored, with its transcript (`messages`) and the request it waits on."""
-    try:
-        return await _client(request).result(run_id)
-    except UnknownRun as exc:
-        raise HTTPException(404, str(exc)) from exc
+    return await _client(request).result(run_id)
 
 
 @router.post("/runs/{run_id}/cancel")
 async def cancel_run(run_id: str, request: Request, who: Submitter) -> Cancelled:
     """Cancel a run: at once if queued or pending, else at its next boundary."""
-    try:
-        status = await _client(request).cancel(run_id)
-    except UnknownRun as exc:
-        raise HTTPException(404, str(exc)) from exc
+    status = await _client(request).cancel(run_id)
     return Cancelled(id=run_id, status=status)
 
 

@@ -24,9 +24,11 @@ from fastapi.exceptions import RequestValidationError
 
 from api._access import install as hide_secrets_from_access_log
 from api._auth import Tokens
+from api._errors import refused
 from api._inbox import router as inbox_router
 from api._limits import BodyLimit, body_limit, invalid_body
 from api._routes import router as api_router
+from relayq import RelayqError
 from relayq.agents import load_agents
 from tasks import DurableClient, Settings
 
@@ -66,6 +68,7 @@ def create_app(settings: Settings | None = None, *, tokens: str | None = None) -
     # A body larger than any answer the store takes is refused before it is read.
     app.add_middleware(BodyLimit, max_bytes=body_limit(settings.max_answer_bytes))
     app.add_exception_handler(RequestValidationError, invalid_body)
+    app.add_exception_handler(RelayqError, refused)
     app.include_router(api_router)
     app.include_router(inbox_router)
     return app

@@ -4,7 +4,22 @@ The pure core: tools, toolkits, the suspension primitive, relay tools and the
 agent loop. It imports no broker, database or task queue.
 """
 
-from relayq._errors import ModelError, RelayqError, ResumeError, RunCancelled, ToolkitError
+from relayq._errors import (
+    AnswerMismatch,
+    AnswerTooLarge,
+    CallAnswered,
+    ConversationBusy,
+    InputTooLarge,
+    ModelError,
+    RelayqError,
+    RequestClosed,
+    ResumeError,
+    RunCancelled,
+    ToolkitError,
+    UnknownRequest,
+    UnstorableAnswer,
+    UnstorableInput,
+)
 from relayq._model import InProcessRequest, InProcessResponse, InProcessToolCall
 from relayq._toolkit import Toolkit, create_toolkit
 from relayq._tools import Tool, ToolContext, define_tool, tool
@@ -17,40 +32,50 @@ from relayq._types import (
     Usage,
     pending,
 )
-from relayq.agents import Agent, AgentError
+from relayq.agents import Agent, AgentError, UnknownAgent
 from relayq.builtins import BUILTIN_NAMES, BuiltinsConfig
 from relayq.client import InMemoryConversationStore, create_in_process_client
 
 __all__ = [
     # Tools and toolkits
     "BUILTIN_NAMES",
+    "BuiltinsConfig",
+    "Tool",
+    "ToolContext",
+    "Toolkit",
+    "create_toolkit",
+    "define_tool",
+    "tool",
     # Suspension and results
     "Answer",
-    "BuiltinsConfig",
+    "Request",
+    "RunResult",
+    "ToolCallRecord",
+    "ToolResult",
+    "Usage",
+    "pending",
     # Running
     "Agent",
     "InMemoryConversationStore",
     "InProcessRequest",
     "InProcessResponse",
     "InProcessToolCall",
+    "create_in_process_client",
     # Errors
     "AgentError",
+    "AnswerMismatch",
+    "AnswerTooLarge",
+    "CallAnswered",
+    "ConversationBusy",
+    "InputTooLarge",
     "ModelError",
     "RelayqError",
-    "Request",
+    "RequestClosed",
     "ResumeError",
     "RunCancelled",
-    "RunResult",
-    "Tool",
-    "ToolCallRecord",
-    "ToolContext",
-    "ToolResult",
-    "Toolkit",
     "ToolkitError",
-    "Usage",
-    "create_in_process_client",
-    "create_toolkit",
-    "define_tool",
-    "pending",
-    "tool",
+    "UnknownAgent",
+    "UnknownRequest",
+    "UnstorableAnswer",
+    "UnstorableInput",
 ]

@@ -1,14 +1,38 @@
 """Every error relayq raises derives from one root.
 
     RelayqError
-    ├── ToolkitError      a toolkit could not be built (name clash, bad schema)
-    ├── ResumeError       an answer does not fit the halted run it is meant to resume
-    │   └── UnstorableAnswer   it holds what the store cannot keep (a NUL, a lone surrogate, ...)
-    │       └── AnswerTooLarge     it is over the size limit (RELAYQ_MAX_ANSWER_BYTES)
-    ├── UnstorableInput   a new run's prompt (or agent name, conversation id) the store cannot keep
-    │   └── InputTooLarge      the prompt is over the size limit
-    ├── RunCancelled      the run was cancelled between two steps
-    └── ModelError        the model could not be called; says whether a retry may help
+    ├── ToolkitError         a toolkit could not be built (name clash, bad schema)
+    ├── ResumeError          an answer does not fit the halted run it is meant to resume
+    │   ├── UnknownRequest       no request has that id (or the run waits on another)
+    │   ├── RequestClosed        it takes no answer: `.status` answered, expired or cancelled
+    │   ├── AnswerMismatch       unknown or repeated call ids, a wrong echoed id, a bad shape
+    │   │   └── CallAnswered         a call that already has a result (partial answers)
+    │   ├── ConversationBusy     the conversation has a run that is not finished
+    │   └── UnstorableAnswer     it holds what the store cannot keep (a NUL, a lone surrogate, ...)
+    │       └── AnswerTooLarge       it is over the size limit (RELAYQ_MAX_ANSWER_BYTES)
+    ├── UnstorableInput      a new run's prompt, agent name or conversation id the store refuses
+    │   └── InputTooLarge        the prompt is over the size limit
+    ├── RunCancelled         the run was cancelled between two steps
+    ├── ModelError           the model could not be called; says whether a retry may help
+    ├── AgentError           an agent is defined twice, or cannot serve a run (relayq.agents)
+    │   └── UnknownAgent         no agent has that name here
+    ├── ToolFailure          a builtin's expected failure, made its error result (relayq.builtins)
+    │   ├── Missing              no such file
+    │   ├── IsFolder             a folder where a file was meant
+    │   ├── HardLinked           a file with more than one link, refused
+    │   ├── LinkLoop             a symlink loop on the way
+    │   └── PatchError           a patch that does not parse or apply
+    ├── UnknownRun           no run has that id (store.errors)
+    ├── StaleClaim           a turn lost its claim on its run; it writes nothing (store.errors)
+    ├── IllegalTransition    a run cannot make that status change (store.transitions)
+    ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
+    ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.client)
+    └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)
+
+The API and the CLI choose a status code and a message from an error's type
+alone: UnknownRequest, UnknownRun and UnknownAgent are 404; RequestClosed,
+CallAnswered and ConversationBusy 409; AnswerTooLarge and InputTooLarge 413;
+every other ResumeError and UnstorableInput 422.
 
 Control flow that is not a failure (a tool asking for approval) is data, not an
 exception: see `relayq.pending`.
@@ -21,7 +45,12 @@ exception) rebuilds it whole.
 from __future__ import annotations
 
 __all__ = [
+    "AnswerMismatch",
     "AnswerTooLarge",
+    "CallAnswered",
+    "ConversationBusy",
+    "RequestClosed",
+    "UnknownRequest",
     "InputTooLarge",
     "ModelError",
     "RelayqError",
@@ -59,6 +88,53 @@ class ResumeError(RelayqError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class UnknownRequest(ResumeError):
+    """No request has this id (or, in-process, the transcript waits on another)."""
+
+    def __init__(self, request_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"unknown request id {request_id!r}", request_id)
+        self.args = (request_id, message)
+
+
+class RequestClosed(ResumeError):
+    """The request takes no answer: it is `answered`, `expired` or `cancelled` (`.status`)."""
+
+    def __init__(self, request_id: str, status: str, message: str | None = None) -> None:
+        super().__init__(message or f"request {request_id} is already {status}", request_id)
+        self.args = (request_id, status, message)
+        self.status = status
+
+
+class AnswerMismatch(ResumeError):
+    """The answer does not fit its request: an unknown or repeated call id, an id that does
+    not echo the request's, a malformed shape. `call_ids` names the calls at fault."""
+
+    def __init__(
+        self, message: str, request_id: str | None = None, call_ids: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message, request_id)
+        self.args = (message, request_id, call_ids)
+        self.call_ids = call_ids
+
+
+class CallAnswered(AnswerMismatch):
+    """A partial answer names a call that already has a result; nothing was changed."""
+
+
+class ConversationBusy(ResumeError):
+    """The conversation has run `run_id`, still `status`: answer or cancel it first."""
+
+    def __init__(self, conversation_id: str, run_id: str, status: str) -> None:
+        super().__init__(
+            f"conversation {conversation_id!r} has run {run_id} still {status}; "
+            "answer or cancel it before asking again"
+        )
+        self.args = (conversation_id, run_id, status)
+        self.conversation_id = conversation_id
+        self.run_id = run_id
+        self.status = status
 
 
 class RunCancelled(RelayqError):

@@ -9,14 +9,21 @@ module level registers itself under its name.
     from relayq.relay import relay_tool
 
     support = Agent("support", my_generate, tools=[relay_tool("refund", "Refund an order")])
+
+Defining the same agent again is not an error: a module imported under two
+names (`python -m myagents`, then `import myagents`) or reloaded runs its
+`Agent(...)` lines twice, and the newer object takes the name. A different
+definition under a taken name is an `AgentError`.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
+from types import FrameType
 from typing import Literal
 
 from relayq._errors import RelayqError
@@ -26,7 +33,18 @@ from relayq._tools import Tool
 from relayq.builtins import BuiltinsConfig
 from relayq.providers import ProviderConfig, ProviderModel
 
-__all__ = ["Agent", "AgentError", "OnExpiry", "get_agent", "load_agents", "registered_agents"]
+__all__ = [
+    "DEFAULT_QUEUE",
+    "Agent",
+    "AgentError",
+    "OnExpiry",
+    "get_agent",
+    "load_agents",
+    "registered_agents",
+]
+
+DEFAULT_QUEUE = "relayq.turns"
+"""The Celery queue an agent's turns go to unless it names another."""
 
 OnExpiry = Literal["error", "cancel"]
 
@@ -53,6 +71,12 @@ class Agent:
     that holds its key (so no secret is stored or sent through the broker).
     Builtins are off unless asked for: a worker is shared infrastructure, and
     a shell on it is a choice.
+
+    Three keywords set the agent's policy on the workers: `retries` and
+    `turn_time_limit` default to the worker's settings, `queue` to `relayq.turns`.
+
+        Agent("support", generate, retries=2, turn_time_limit=timedelta(minutes=2),
+              queue="relayq.turns.support")  # python -m workers -Q relayq.turns.support
     """
 
     def __init__(
@@ -68,12 +92,16 @@ class Agent:
         on_expiry: OnExpiry = "error",
         base_dir: str | Path | None = None,
         model_name: str = "in-process",
+        retries: int | None = None,
+        turn_time_limit: timedelta | None = None,
+        queue: str = DEFAULT_QUEUE,
         register: bool = True,
     ) -> None:
         if max_turns < 1:
             raise AgentError(f"agent {name!r}: max_turns must be at least 1", name)
         if on_expiry not in ("error", "cancel"):
             raise AgentError(f"agent {name!r}: on_expiry must be 'error' or 'cancel'", name)
+        _check_policy(name, retries, turn_time_limit, queue)
         self.name = name
         self.tools = tuple(tools)
         self.builtins = builtins if builtins is not None else BuiltinsConfig.off()
@@ -82,6 +110,16 @@ class Agent:
         self.request_ttl = request_ttl
         self.on_expiry: OnExpiry = on_expiry
         self.base_dir = Path(base_dir) if base_dir is not None else None
+        self.retries = retries
+        """Retries of a failing model call before the run fails; None: the worker's
+        `RELAYQ_MODEL_RETRIES`."""
+        self.turn_time_limit = turn_time_limit
+        """How long one turn may take; None: the worker's `RELAYQ_TURN_TIME_LIMIT`. It must
+        stay below that limit (Celery's soft limit), which a worker checks at start."""
+        self.queue = queue
+        """The Celery queue this agent's turns go to; a worker serves it when started with
+        `-Q` naming it."""
+        self._site = _definition_site()
         self.provider: ProviderModel | None = None
         if isinstance(model, ProviderConfig):
             self.provider = ProviderModel(model)
@@ -110,25 +148,81 @@ class Agent:
         return f"Agent({self.name!r})"
 
 
+class UnknownAgent(AgentError):
+    """No agent has this name in this process (its module is not among `RELAYQ_AGENTS`)."""
+
+    def __init__(self, name: str, known: tuple[str, ...] = ()) -> None:
+        listed = ", ".join(known) or "none"
+        super().__init__(
+            f"unknown agent {name!r} (registered: {listed}); "
+            "list the module that defines it in RELAYQ_AGENTS",
+            name,
+        )
+        self.args = (name, known)
+        self.known = known
+
+
+def _check_policy(
+    name: str, retries: int | None, turn_time_limit: timedelta | None, queue: str
+) -> None:
+    if retries is not None and (isinstance(retries, bool) or retries < 0):
+        raise AgentError(f"agent {name!r}: retries must be 0 or more, not {retries!r}", name)
+    if turn_time_limit is not None and (
+        not isinstance(turn_time_limit, timedelta) or turn_time_limit <= timedelta(0)
+    ):
+        raise AgentError(
+            f"agent {name!r}: turn_time_limit must be a positive timedelta, "
+            f"not {turn_time_limit!r}",
+            name,
+        )
+    # `-Q` takes a comma-separated list: a queue name cannot hold a comma or a space.
+    if not isinstance(queue, str) or not queue or any(c in queue for c in ", \t\n"):
+        raise AgentError(f"agent {name!r}: queue must be a queue name, not {queue!r}", name)
+
+
+def _definition_site() -> tuple[tuple[str, int], ...]:
+    """Where `Agent(...)` was called: the calling lines up to the module's top level.
+
+    The same lines run again when a module is imported under a second name or
+    reloaded; another definition (another line, or a factory called from
+    another line) has other lines.
+    """
+    here = __file__
+    frame: FrameType | None = sys._getframe(1)
+    site: list[tuple[str, int]] = []
+    while frame is not None and len(site) < 64:
+        code = frame.f_code
+        if code.co_filename != here:
+            site.append((code.co_filename, frame.f_lineno))
+            if code.co_name == "<module>":
+                break
+        frame = frame.f_back
+    return tuple(site)
+
+
 def _register(agent: Agent) -> None:
     existing = _REGISTRY.get(agent.name)
-    if existing is not None and existing is not agent:
+    if existing is not None and existing is not agent and existing._site != agent._site:
         raise AgentError(
-            f"two agents are named {agent.name!r}; agent names must be unique", agent.name
+            f"two agents are named {agent.name!r} (defined at {_where(existing)} and at "
+            f"{_where(agent)}); agent names must be unique",
+            agent.name,
         )
     _REGISTRY[agent.name] = agent
 
 
+def _where(agent: Agent) -> str:
+    if not agent._site:
+        return "?"
+    path, line = agent._site[-1]
+    return f"{Path(path).name}:{line}"
+
+
 def get_agent(name: str) -> Agent:
-    """The registered agent called `name`; AgentError lists the known ones if absent."""
+    """The registered agent called `name`; UnknownAgent lists the known ones if absent."""
     agent = _REGISTRY.get(name)
     if agent is None:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise AgentError(
-            f"unknown agent {name!r} (registered: {known}); "
-            "list the module that defines it in RELAYQ_AGENTS",
-            name,
-        )
+        raise UnknownAgent(name, tuple(sorted(_REGISTRY)))
     return agent
 
 

@@ -21,7 +21,13 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeAlias
 
 from relayq import _transcript as tx
-from relayq._errors import ResumeError, RunCancelled
+from relayq._errors import (
+    AnswerMismatch,
+    RequestClosed,
+    ResumeError,
+    RunCancelled,
+    UnknownRequest,
+)
 from relayq._model import InProcessRequest, InProcessToolCall, Model
 from relayq._toolkit import Toolkit
 from relayq._tools import Tool, ToolContext
@@ -202,15 +208,15 @@ def apply_answer(
         raise ResumeError("the transcript has no halted turn to resume", pending.id)
     stored = waiting.get(pending.id)
     if stored is None:
-        raise ResumeError(
+        raise UnknownRequest(
+            pending.id,
             f"request {pending.id} is not waiting in this transcript; "
             f"waiting: {', '.join(waiting)}",
-            pending.id,
         )
     moment = now or datetime.now(UTC)
     if stored.expires_at is not None and moment >= stored.expires_at:
-        raise ResumeError(
-            f"request {stored.id} expired at {stored.expires_at.isoformat()}", stored.id
+        raise RequestClosed(
+            stored.id, "expired", f"request {stored.id} expired at {stored.expires_at.isoformat()}"
         )
     out = list(messages)
     held = [
@@ -238,7 +244,7 @@ def apply_answer(
 
 def _check_echo(pending: Request, answer: Answer) -> None:
     if answer.id != pending.id:
-        raise ResumeError(
+        raise AnswerMismatch(
             f"answer id {answer.id!r} does not echo the pending request id {pending.id!r}",
             pending.id,
         )

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from relayq._errors import ResumeError
+from relayq._errors import AnswerMismatch
 from relayq._tools import Tool
 from relayq._types import Answer, Request, ToolResult, _Wire
 
@@ -122,14 +122,17 @@ def relay_results_of(
     out: dict[str, ToolResult] = {}
     for result in supplied:
         if result.id not in known:
-            raise ResumeError(
+            raise AnswerMismatch(
                 f"answer to {req.id} has a result for unknown call id {result.id!r}; "
                 f"the request's calls are {sorted(known)}",
                 req.id,
+                (result.id,),
             )
         if result.id in out:
-            raise ResumeError(
-                f"answer to {req.id} has two results for call id {result.id!r}", req.id
+            raise AnswerMismatch(
+                f"answer to {req.id} has two results for call id {result.id!r}",
+                req.id,
+                (result.id,),
             )
         out[result.id] = ToolResult(output=result.output, is_error=result.is_error)
     if not partial:
@@ -144,14 +147,14 @@ def _supplied_results(req: Request, calls: list[RelayCall], answer: Answer) -> l
         try:
             return [RelayResult.model_validate(r) for r in data["results"]]
         except (ValidationError, TypeError) as exc:
-            raise ResumeError(
+            raise AnswerMismatch(
                 f"answer to {req.id}: data.results must be a list of "
                 f"{{id, output, isError}}: {exc}",
                 req.id,
             ) from exc
     if "output" in data:
         if len(calls) != 1:
-            raise ResumeError(
+            raise AnswerMismatch(
                 f"answer to {req.id} uses the single-call shorthand data.output, but the "
                 f"request carries {len(calls)} calls; answer each with data.results",
                 req.id,

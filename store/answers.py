@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 from sqlmodel import Session, col, select
 
-from relayq import Answer, Request, ResumeError
+from relayq import Answer, CallAnswered, Request, RequestClosed, UnknownRequest
 from relayq import _transcript as tx
 from relayq.limits import check_answer
 from relayq.loop import apply_answer
@@ -34,6 +34,7 @@ from store.errors import UnknownRun
 from store.models import FINISHED, OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
 from store.runs import _cancel, _conversation, _label, _write_messages, request_of
+from store.transitions import move
 
 __all__ = [
     "Accepted",
@@ -97,7 +98,7 @@ def accept_answer(
     with db.write() as s:
         row, run = _lock(s, answer.id)
         if row is None:
-            raise ResumeError(f"unknown request id {answer.id!r}", answer.id)
+            raise UnknownRequest(answer.id)
         _check_open(s, row, now)
         assert run is not None
         request = request_of(row)
@@ -133,18 +134,20 @@ def _lock(s: Session, request_id: str) -> tuple[RequestRow | None, RunRow | None
 
 def _check_open(s: Session, row: RequestRow, now: datetime) -> None:
     if row.status != "open":
-        raise ResumeError(f"request {row.id} is already {row.status}", row.id)
+        raise RequestClosed(row.id, row.status)
     if row.expires_at is not None and now >= row.expires_at:
-        raise ResumeError(
-            f"request {row.id} expired at {row.expires_at.isoformat()}; it takes no answer",
+        raise RequestClosed(
             row.id,
+            "expired",
+            f"request {row.id} expired at {row.expires_at.isoformat()}; it takes no answer",
         )
     run = s.get(RunRow, row.run_id)
     if run is None:
-        raise ResumeError(f"run {row.run_id} of request {row.id} no longer exists", row.id)
+        raise UnknownRequest(row.id, f"run {row.run_id} of request {row.id} no longer exists")
     if run.status != "pending" or run.cancel_requested:
+        # A run that stopped closed its requests with it (or is about to).
         state = "cancelled" if run.cancel_requested else run.status
-        raise ResumeError(f"run {row.run_id} of request {row.id} is {state}", row.id)
+        raise RequestClosed(row.id, "cancelled", f"run {row.run_id} of request {row.id} is {state}")
 
 
 def _merge(request: Request, previous: Answer | None, answer: Answer) -> Answer:
@@ -156,9 +159,10 @@ def _merge(request: Request, previous: Answer | None, answer: Answer) -> Answer:
         now = relay_results_of(request, answer, partial=True)
         twice = sorted(earlier.keys() & now.keys())
         if twice:
-            raise ResumeError(
+            raise CallAnswered(
                 f"call(s) {', '.join(twice)} of request {request.id} already have a result",
                 request.id,
+                tuple(twice),
             )
     else:
         # A decline after partial results keeps them and declines the rest.
@@ -190,9 +194,7 @@ def apply_answer_of(db: Database, request_id: str) -> list[OutboxRow]:
         moment = row.created_at
         after = apply_answer(before, request_of(row), Answer.model_validate(row.answer), now=moment)
         _write_messages(s, run, before, after)
-        run.status = "queued"
-        run.version += 1
-        run.updated_at = utcnow()
+        move(s, run, "queued", now=utcnow())
         return [enqueue_turn(s, run.id, run.version, label=_label(run))]
 
 
@@ -267,7 +269,7 @@ def get_request(db: Database, request_id: str) -> StoredRequest:
     with db.read() as s:
         row = s.get(RequestRow, request_id)
     if row is None:
-        raise ResumeError(f"unknown request id {request_id!r}", request_id)
+        raise UnknownRequest(request_id)
     return _stored(row)
 
 

@@ -29,13 +29,13 @@ from store.models import OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import (
     ANSWER_QUEUE,
     ANSWER_TASK,
-    TURN_QUEUE,
     TURN_TASK,
     enqueue_turn,
     resend,
     unpublished,
 )
 from store.runs import _label
+from store.transitions import ONE_MORE_ATTEMPT, move
 from store.workers import WORKER_TIMEOUT, live_workers, prune_workers
 
 __all__ = ["Recovery", "SweepReport", "sweep"]
@@ -89,8 +89,9 @@ def sweep(
                 queue: min(moment - recovery.redeliver_after, oldest or moment)
                 for queue, oldest in waiting.items()
             }
-            if TURN_QUEUE in lost_before:
-                _resend_lost_turns(s, report, lost_before[TURN_QUEUE])
+            turn_queues = {q: t for q, t in lost_before.items() if q != ANSWER_QUEUE}
+            if turn_queues:
+                _resend_lost_turns(s, report, turn_queues)
             if ANSWER_QUEUE in lost_before:
                 _resend_lost_answers(s, report, lost_before[ANSWER_QUEUE])
     report.outbox += expired
@@ -117,13 +118,8 @@ def _requeue_abandoned(
             continue
         if run.worker is None and (run.lease_until is None or run.lease_until >= now):
             continue
-        run.status = "queued"
-        run.version += 1
-        run.attempts += 1  # its worker died holding it: that try counts
-        run.claimed_by = None
-        run.worker = None
-        run.lease_until = None
-        run.updated_at = now
+        # Its worker died holding it: that try counts.
+        move(s, run, "queued", now=now, attempts=ONE_MORE_ATTEMPT)
         report.requeued.append(run.id)
         report.outbox.append(enqueue_turn(s, run.id, run.version, label=_label(run)))
 
@@ -149,16 +145,26 @@ def _lost(row: OutboxRow | None, before: datetime) -> bool:
     return row.published_at + timedelta(seconds=row.countdown) < before
 
 
-def _resend_lost_turns(s: Session, report: SweepReport, before: datetime) -> None:
+def _resend_lost_turns(
+    s: Session, report: SweepReport, lost_before: Mapping[str, datetime]
+) -> None:
+    """Each turn judged against its own queue's backlog (agents may have queues of their
+    own); a queue not looked into is left alone."""
     queued = s.exec(
         select(RunRow)
-        .where(RunRow.status == "queued", col(RunRow.updated_at) < before)
+        .where(RunRow.status == "queued", col(RunRow.updated_at) < max(lost_before.values()))
         .with_for_update(skip_locked=True)
     ).all()
     latest = _latest_rows(s, TURN_TASK, [r.id for r in queued])
     for run in queued:
         row = latest.get(run.id)
-        if row is not None and row.args == [run.id, run.version] and _lost(row, before):
+        before = lost_before.get(row.queue) if row is not None else None
+        if (
+            row is not None
+            and before is not None
+            and row.args == [run.id, run.version]
+            and _lost(row, before)
+        ):
             report.resent.append(run.id)
             report.outbox.append(resend(row, utcnow()))
 

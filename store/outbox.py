@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, insert
+from sqlalchemy import Connection, bindparam, insert
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from store.db import Database
@@ -43,6 +44,12 @@ MAINTENANCE_QUEUE = "relayq.maintenance"
 
 _TABLE = OutboxRow.__table__  # type: ignore[attr-defined]
 _INSERT = insert(_TABLE).returning(_TABLE.c.id)
+_LAST_QUEUE = (
+    sa_select(_TABLE.c.queue)
+    .where(_TABLE.c.run_id == bindparam("rid"), _TABLE.c.task == TURN_TASK)
+    .order_by(_TABLE.c.id.desc())
+    .limit(1)
+)
 
 
 def enqueue_turn(
@@ -52,10 +59,17 @@ def enqueue_turn(
     *,
     label: str,
     countdown: float = 0.0,
+    queue: str | None = None,
 ) -> OutboxRow:
+    """The run's next turn message, on `queue` (its agent's; see `relayq.Agent`).
+
+    With no `queue` the turn goes where the run's previous turn went, else to
+    `relayq.turns`: the store knows no agents, so a turn queued without one (an
+    answer applied, a run taken over from a dead worker) follows its run.
+    """
     values: dict[str, Any] = {
         "task": TURN_TASK,
-        "queue": TURN_QUEUE,
+        "queue": queue or _last_queue(session, run_id),
         "args": [run_id, version],
         "countdown": countdown,
         "run_id": run_id,
@@ -66,6 +80,11 @@ def enqueue_turn(
     # A plain INSERT ... RETURNING: the ORM's unit of work costs more than the row.
     row_id = session.execute(_INSERT, values).scalar_one()
     return OutboxRow(id=row_id, **values)
+
+
+def _last_queue(session: Session | Connection, run_id: str) -> str:
+    found = session.execute(_LAST_QUEUE, {"rid": run_id}).scalar()
+    return str(found) if found else TURN_QUEUE
 
 
 def enqueue_answer(session: Session, request_id: str, run_id: str) -> OutboxRow:

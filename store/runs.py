@@ -19,7 +19,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
 
-from relayq import Request, ResumeError, RunResult, ToolResult
+from relayq import ConversationBusy, Request, ResumeError, RunResult, ToolResult
 from relayq import _transcript as tx
 from relayq.limits import check_run_input
 from relayq.loop import Turn
@@ -27,7 +27,8 @@ from relayq.relay import RELAY_KIND, is_relay_request, relay_calls_of
 from store.db import Database
 from store.errors import StaleClaim, UnknownRun
 from store.models import FINISHED, LedgerRow, MessageRow, OutboxRow, RequestRow, RunRow, utcnow
-from store.outbox import enqueue_turn
+from store.outbox import TURN_QUEUE, enqueue_turn
+from store.transitions import ONE_MORE_ATTEMPT, move, transition
 from store.workers import WORKER_TIMEOUT, holder_alive
 
 __all__ = [
@@ -88,13 +89,19 @@ def create_run(
     prompt: str,
     conversation_id: str | None,
     tools_digest: str | None = None,
+    queue: str | None = None,
 ) -> OutboxRow:
-    """A queued run with its prompt; continues `conversation_id` if it names one."""
+    """A queued run with its prompt; continues `conversation_id` if it names one.
+
+    Its first turn goes to `queue` (its agent's), by default `relayq.turns`.
+    """
     check_run_input(agent=agent, prompts=[prompt], conversation_id=conversation_id)
     now = utcnow()
     conv = conversation_id or run_id
     if conversation_id is None:
-        return create_runs(db, agent=agent, runs=[(run_id, prompt)], tools_digest=tools_digest)[0]
+        return create_runs(
+            db, agent=agent, runs=[(run_id, prompt)], tools_digest=tools_digest, queue=queue
+        )[0]
     with db.write() as s:
         history = _conversation(s, conv)
         _check_can_continue(s, conv, history)
@@ -111,7 +118,7 @@ def create_run(
         s.add(run)
         s.add(_message_row(run, len(history), tx.user_message(prompt, run_id)))
         s.flush()
-        return enqueue_turn(s, run_id, run.version, label=_label(run))
+        return enqueue_turn(s, run_id, run.version, label=_label(run), queue=queue or TURN_QUEUE)
 
 
 def create_runs(
@@ -120,6 +127,7 @@ def create_runs(
     agent: str,
     runs: list[tuple[str, str]],
     tools_digest: str | None = None,
+    queue: str | None = None,
 ) -> list[OutboxRow]:
     """Many queued runs, each a new conversation, in one transaction: `runs` is (id, prompt)."""
     check_run_input(agent=agent, prompts=[prompt for _, prompt in runs])
@@ -145,7 +153,8 @@ def create_runs(
                 for run_id, prompt in runs
             ],
         )
-        return [enqueue_turn(conn, r.id, r.version, label=_label(r)) for r in rows]
+        first = queue or TURN_QUEUE
+        return [enqueue_turn(conn, r.id, r.version, label=_label(r), queue=first) for r in rows]
 
 
 def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) -> None:
@@ -153,10 +162,7 @@ def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) ->
         select(RunRow).where(RunRow.conversation_id == conv, col(RunRow.status).not_in(FINISHED))
     ).first()
     if busy is not None:
-        raise ResumeError(
-            f"conversation {conv!r} has run {busy.id} still {busy.status}; "
-            "answer or cancel it before asking again"
-        )
+        raise ConversationBusy(conv, busy.id, busy.status)
     if any(slot.state != "done" for slot in tx.slots(history)):
         raise ResumeError(f"conversation {conv!r} ends in an unfinished turn; it cannot go on")
 
@@ -182,7 +188,14 @@ def claim_turn(
         # The common case in one statement: a queued run at this version.
         took = conn.execute(
             _CLAIM,
-            {"rid": run_id, "v": version, "task": task_id, "w": worker, "until": until, "now": now},
+            {
+                "rid": run_id,
+                "v": version,
+                "claimed_by": task_id,
+                "worker": worker,
+                "lease_until": until,
+                "now": now,
+            },
         ).first()
         if took is not None:
             return _claim_of(run_id, took, _conversation(conn, took.conversation_id))
@@ -205,14 +218,16 @@ def claim_turn(
         if run.cancel_requested:
             _cancel(s, run, now)
             return None
-        if taken_over:
-            run.attempts += 1
-        run.status = "running"
-        run.version += 1
-        run.claimed_by = task_id
-        run.worker = worker
-        run.lease_until = until
-        run.updated_at = now
+        move(
+            s,
+            run,
+            "running",
+            now=now,
+            claimed_by=task_id,
+            worker=worker,
+            lease_until=until,
+            attempts=ONE_MORE_ATTEMPT if taken_over else run.attempts,
+        )
         return _claim_of(run_id, run, _conversation(s, run.conversation_id), taken_over=taken_over)
 
 
@@ -238,31 +253,12 @@ _MESSAGE_TABLE = MessageRow.__table__  # type: ignore[attr-defined]
 _LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 
 # The statements every turn runs, built once.
-_CLAIM = (
-    _RUNS.update()
-    .where(
-        _RUNS.c.id == bindparam("rid"),
-        _RUNS.c.status == "queued",
-        _RUNS.c.version == bindparam("v"),
-        _RUNS.c.cancel_requested.is_(False),
-    )
-    .values(
-        status="running",
-        version=_RUNS.c.version + 1,
-        claimed_by=bindparam("task"),
-        worker=bindparam("w"),
-        lease_until=bindparam("until"),
-        updated_at=bindparam("now"),
-    )
-    .returning(
-        _RUNS.c.version,
-        _RUNS.c.agent,
-        _RUNS.c.conversation_id,
-        _RUNS.c.tools_digest,
-        _RUNS.c.attempts,
-        _RUNS.c.turns,
-    )
-)
+_CLAIM = transition(
+    "queued",
+    "running",
+    sets=("claimed_by", "worker", "lease_until"),
+    returning=("version", "agent", "conversation_id", "tools_digest", "attempts", "turns"),
+).where(_RUNS.c.cancel_requested.is_(False))
 _MESSAGES = (
     select(_MESSAGE_TABLE.c.body)
     .where(_MESSAGE_TABLE.c.conversation_id == bindparam("conv"))
@@ -280,12 +276,12 @@ _STILL_HELD = (
     .values(updated_at=bindparam("now"))
     .returning(_RUNS.c.cancel_requested)
 )
-_FINISH = (
-    _RUNS.update()
-    .where(*_HELD_BY)
-    .values(
-        status=bindparam("status"),
-        version=bindparam("next_v"),
+
+
+@functools.cache
+def _finish(to: str) -> Any:
+    """The claim check and the run's new state after a turn, in one statement."""
+    return transition("running", to, returning=("id",)).values(
         tools_digest=func.coalesce(_RUNS.c.tools_digest, bindparam("digest")),
         turns=bindparam("turns"),
         prompt_tokens=bindparam("prompt"),
@@ -293,14 +289,10 @@ _FINISH = (
         total_tokens=bindparam("total"),
         attempts=0,
         error=None,
-        claimed_by=None,
-        worker=None,
-        lease_until=None,
-        updated_at=bindparam("now"),
         text=bindparam("text"),
     )
-    .returning(_RUNS.c.id)
-)
+
+
 _CANCEL_FLAG = select(_RUNS.c.cancel_requested).where(_RUNS.c.id == bindparam("rid"))
 _LEDGER_OUTCOME = select(_LEDGER.c.outcome).where(
     _LEDGER.c.run_id == bindparam("rid"),
@@ -505,10 +497,12 @@ def finish_turn(
     tools_digest: str,
     request_ttl: timedelta | None = None,
     on_expiry: str = "error",
+    queue: str | None = None,
 ) -> list[OutboxRow]:
     """Persist what a turn did and what comes next, in one transaction.
 
-    `before` is the transcript as stored (with the model's reply if it was saved).
+    `before` is the transcript as stored (with the model's reply if it was saved);
+    the next turn goes to `queue` (by default where this one came from).
     """
     now = utcnow()
     usage = tx.usage_of(turn.messages)
@@ -519,12 +513,10 @@ def finish_turn(
     with scope as s:
         # The claim check and the run's new state in one statement.
         held = s.execute(
-            _FINISH,
+            _finish(status),
             {
                 "rid": claim.run_id,
                 "v": claim.version,
-                "status": status,
-                "next_v": claim.version + 1,
                 "digest": tools_digest,
                 "turns": turns,
                 "prompt": usage.prompt_tokens,
@@ -539,7 +531,7 @@ def finish_turn(
         _write_messages(s, claim, before, turn.messages)
         if turn.status == "next":
             label = f"run={claim.run_id} agent={claim.agent} turn={turns + 1}"
-            return [enqueue_turn(s, claim.run_id, claim.version + 1, label=label)]
+            return [enqueue_turn(s, claim.run_id, claim.version + 1, label=label, queue=queue)]
         if turn.status == "pending":
             assert turn.pending is not None
             assert isinstance(s, Session)
@@ -595,31 +587,22 @@ def request_of(row: RequestRow) -> Request:
     )
 
 
-def retry_turn(db: Database, claim: Claim, *, error: str, countdown: float) -> OutboxRow:
-    """Give the run back to the queue after a retryable failure, to try again later."""
+def retry_turn(
+    db: Database, claim: Claim, *, error: str, countdown: float, queue: str | None = None
+) -> OutboxRow:
+    """Give the run back to `queue` (by default its last) after a retryable failure."""
     with db.write() as s:
         run = _hold(s, claim)
-        run.status = "queued"
-        run.version += 1
-        run.attempts += 1
-        run.error = error
-        run.claimed_by = None
-        run.worker = None
-        run.lease_until = None
-        run.updated_at = utcnow()
-        return enqueue_turn(s, run.id, run.version, label=_label(run), countdown=countdown)
+        move(s, run, "queued", now=utcnow(), attempts=ONE_MORE_ATTEMPT, error=error)
+        return enqueue_turn(
+            s, run.id, run.version, label=_label(run), countdown=countdown, queue=queue
+        )
 
 
 def fail_run(db: Database, claim: Claim, error: str) -> None:
     with db.write() as s:
         run = _hold(s, claim)
-        run.status = "failed"
-        run.error = error
-        run.version += 1
-        run.claimed_by = None
-        run.worker = None
-        run.lease_until = None
-        run.updated_at = utcnow()
+        move(s, run, "failed", now=utcnow(), error=error)
         _cancel_requests(s, run.id)
 
 
@@ -629,14 +612,9 @@ def finish_cancelled(db: Database, claim: Claim) -> None:
 
 
 def _cancel(s: Session, run: RunRow, now: datetime) -> None:
-    run.status = "cancelled"
-    run.cancel_requested = True
-    run.version += 1
-    run.claimed_by = None
-    run.worker = None
-    run.lease_until = None
-    run.updated_at = now
-    _cancel_requests(s, run.id)
+    run_id = run.id
+    move(s, run, "cancelled", now=now, cancel_requested=True)
+    _cancel_requests(s, run_id)
 
 
 def _cancel_requests(s: Session, run_id: str) -> None:

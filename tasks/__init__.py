@@ -3,6 +3,8 @@
 Task names are stable: `relayq.run_turn`, `relayq.submit_answer`,
 `relayq.cancel_run`, `relayq.sweep`. Their arguments are ids only; the store
 is the source of truth and the broker carries wake-ups.
+`DurableClient(eager=True)` runs the same turns in the calling process instead
+(`tasks.eager`).
 """
 
 from tasks.client import DurableClient, WaitTimeout

@@ -8,6 +8,9 @@ in-process client returns.
     halted = await client.run("support", "refund order 17")
     if halted.status == "pending":
         done = await client.run_with_answer(halted.pending, answer_output(halted.pending.id, "ok"))
+
+`DurableClient(eager=True)` runs every turn in the calling process instead
+(see `tasks.eager`): the same verbs and results, with no broker and no worker.
 """
 
 from __future__ import annotations
@@ -15,19 +18,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from pydantic import ValidationError
 
-from relayq import Answer, RelayqError, Request, ResumeError, RunResult
+from relayq import Answer, AnswerMismatch, RelayqError, Request, RunResult
 from relayq._types import new_id
-from relayq.agents import Agent, registered_agents
+from relayq.agents import Agent, load_agents, registered_agents
 from relayq.limits import check_answer, check_run_input
 from relayq.loop import WaitFor
 from store import (
     Database,
+    OutboxRow,
     RunRow,
     StoredRequest,
     accept_answer,
@@ -42,6 +47,9 @@ from store import (
 )
 from tasks.publish import publish, sender_app
 from tasks.settings import Settings
+
+if TYPE_CHECKING:
+    from tasks.eager import EagerRuntime
 
 __all__ = ["DurableClient", "WaitTimeout"]
 
@@ -62,9 +70,18 @@ class WaitTimeout(RelayqError, TimeoutError):
 class DurableClient:
     """Start, watch, answer and cancel durable runs.
 
-    Reads the same environment as the workers (`RELAYQ_DATABASE_URL`,
-    `RELAYQ_BROKER_URL`, ...); the arguments override it. With `wait_for`,
-    `run` answers each request as it comes, like the in-process client does.
+    Reads the same settings as the workers (`RELAYQ_DATABASE_URL`,
+    `RELAYQ_BROKER_URL`, ..., then `app`'s configuration: see `Settings.load`);
+    the arguments override them. With `wait_for`, `run` answers each request
+    as it comes, like the in-process client does.
+
+    With `eager=True` nothing is sent: each turn runs here, in this process,
+    when its message would have been sent (Celery's `task_always_eager`), so
+    `start` and `submit_answer` return once the run has settled again. No
+    Celery app is built and no broker is needed; the store is the same.
+
+        client = DurableClient(eager=True, database_url="sqlite:///runs.db")
+        result = await client.run(my_agent, "hello")
     """
 
     def __init__(
@@ -75,8 +92,11 @@ class DurableClient:
         wait_for: WaitFor | None = None,
         settings: Settings | None = None,
         app: Celery | None = None,
+        eager: bool = False,
     ) -> None:
-        base = settings or Settings.from_env()
+        if eager and app is not None:
+            raise ValueError("an eager client sends nothing: it takes no Celery app")
+        base = settings or Settings.load(conf=app.conf if app is not None else None)
         overrides: dict[str, Any] = {}
         if database_url:
             overrides["database_url"] = database_url
@@ -85,18 +105,42 @@ class DurableClient:
         self.settings = replace(base, **overrides)
         self.db = Database(self.settings.database_url)
         migrate(self.db)
-        self.app = app or sender_app(self.settings)
+        self.eager = eager
+        self._app: Celery | None = None
+        self._inline: EagerRuntime | None = None
+        if eager:
+            from tasks.eager import EagerRuntime
+
+            self._inline = EagerRuntime(self.settings, db=self.db)
+        else:
+            self._app = app or sender_app(self.settings)
         self._wait_for = wait_for
+        self._loaded_agents = False
+
+    @property
+    def app(self) -> Celery:
+        """The Celery app messages are sent with; an eager client has none (RuntimeError)."""
+        if self._app is None:
+            raise RuntimeError("an eager DurableClient sends no messages and has no Celery app")
+        return self._app
+
+    async def _publish(self, rows: Iterable[OutboxRow]) -> None:
+        """Send the messages a change wrote; in eager mode, run them here and now."""
+        if self._inline is not None:
+            await self._inline.publish(list(rows))
+            return
+        await asyncio.to_thread(publish, self.app, self.db, rows)
 
     async def start(
         self, agent: Agent | str, prompt: str, *, conversation_id: str | None = None
     ) -> str:
-        """Queue a run of `agent` on `prompt`; returns its id at once.
+        """Queue a run of `agent` on `prompt`; returns its id at once (in eager mode,
+        once the run has settled).
 
         UnstorableInput (InputTooLarge), with nothing written, for a prompt the
         store cannot keep: a NUL character, a lone surrogate, over the size limit.
         """
-        name, digest = await self._agent(agent)
+        name, digest, queue = await self._agent(agent)
         limit = self.settings.max_answer_bytes
         check_run_input(
             agent=name, prompts=[prompt], conversation_id=conversation_id, max_bytes=limit
@@ -110,8 +154,9 @@ class DurableClient:
             prompt=prompt,
             conversation_id=conversation_id,
             tools_digest=digest,
+            queue=queue,
         )
-        await asyncio.to_thread(publish, self.app, self.db, [row])
+        await self._publish([row])
         return run_id
 
     async def start_many(self, agent: Agent | str, prompts: list[str]) -> list[str]:
@@ -120,20 +165,35 @@ class DurableClient:
         For batch jobs: far faster than `start` in a loop. One prompt the store
         cannot keep refuses the whole batch (UnstorableInput), nothing written.
         """
-        name, digest = await self._agent(agent)
+        name, digest, queue = await self._agent(agent)
         check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
         runs = [(new_id("run"), prompt) for prompt in prompts]
         rows = await asyncio.to_thread(
-            create_runs, self.db, agent=name, runs=runs, tools_digest=digest
+            create_runs, self.db, agent=name, runs=runs, tools_digest=digest, queue=queue
         )
-        await asyncio.to_thread(publish, self.app, self.db, rows)
+        await self._publish(rows)
         return [run_id for run_id, _ in runs]
 
-    async def _agent(self, agent: Agent | str) -> tuple[str, str | None]:
-        """The agent's name, and its tools' digest when this process knows the agent."""
+    async def _agent(self, agent: Agent | str) -> tuple[str, str | None, str | None]:
+        """The agent's name, and when this process knows the agent, its tools' digest and
+        the queue its turns go to."""
         name = agent.name if isinstance(agent, Agent) else agent
-        known = agent if isinstance(agent, Agent) else registered_agents().get(name)
-        return name, (await known.toolkit()).digest() if known is not None else None
+        known = agent if isinstance(agent, Agent) else self._known(name)
+        if known is None:
+            return name, None, None
+        if self._inline is not None:
+            self._inline.adopt(known)
+        return name, (await known.toolkit()).digest(), known.queue
+
+    def _known(self, name: str) -> Agent | None:
+        """The agent registered as `name`, importing `RELAYQ_AGENTS` the first time one is
+        missing (so a run started by name goes to its agent's queue)."""
+        found = registered_agents().get(name)
+        if found is None and self.settings.agents and not self._loaded_agents:
+            self._loaded_agents = True
+            load_agents(self.settings.agents)
+            found = registered_agents().get(name)
+        return found
 
     async def result(
         self, run_id: str, *, wait: bool = False, timeout: float | None = None
@@ -206,7 +266,8 @@ class DurableClient:
         answered_by: str | None = None,
         partial: bool = False,
     ) -> str:
-        """Validate and record an answer, then resume its run; returns the run id.
+        """Validate and record an answer, then resume its run; returns the run id (in
+        eager mode, once the run has settled again).
 
         Raises ResumeError, changing nothing, for a malformed answer (parsed as
         strictly as the HTTP API parses it: `"ok": "yes"` is refused), an
@@ -221,7 +282,7 @@ class DurableClient:
         accepted = await asyncio.to_thread(
             accept_answer, self.db, reply, answered_by=answered_by, partial=partial
         )
-        await asyncio.to_thread(publish, self.app, self.db, accepted.outbox)
+        await self._publish(accepted.outbox)
         return accepted.run_id
 
     async def run_with_answer(
@@ -235,7 +296,7 @@ class DurableClient:
         request = Request.model_validate(pending)
         reply = _answer_of(answer)
         if reply.id != request.id:
-            raise ResumeError(
+            raise AnswerMismatch(
                 f"answer id {reply.id!r} does not echo the pending request id {request.id!r}",
                 request.id,
             )
@@ -253,8 +314,11 @@ class DurableClient:
         return await asyncio.to_thread(cancel_run, self.db, run_id)
 
     def close(self) -> None:
+        if self._inline is not None:
+            self._inline.close()
         self.db.dispose()
-        self.app.close()
+        if self._app is not None:
+            self._app.close()
 
     async def __aenter__(self) -> DurableClient:
         return self
@@ -272,4 +336,4 @@ def _answer_of(answer: Answer | dict[str, Any]) -> Answer:
         where = ".".join(str(p) for p in first["loc"]) or "answer"
         given = answer.get("id") if isinstance(answer, dict) else None
         request_id = given if isinstance(given, str) else None
-        raise ResumeError(f"malformed answer: {where}: {first['msg']}", request_id) from None
+        raise AnswerMismatch(f"malformed answer: {where}: {first['msg']}", request_id) from None

@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
-from celery import Celery
+from celery import Celery, current_app
 
-from relayq.agents import Agent, AgentError, load_agents, registered_agents
+from relayq.agents import Agent, UnknownAgent, load_agents, registered_agents
 from store import Database, OutboxRow, beat, forget_worker, migrate, sweep
 from store.maintenance import SweepReport
 from store.outbox import ANSWER_QUEUE, TURN_QUEUE, mark_published, sent_at
@@ -108,16 +108,22 @@ class Runtime:
     _pid: int | None = None
     _lock = threading.Lock()
 
-    def __init__(self, settings: Settings, *, agents: Mapping[str, Agent] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        agents: Mapping[str, Agent] | None = None,
+        db: Database | None = None,
+    ) -> None:
         self.settings = settings
-        self.db = Database(settings.database_url)
-        migrate(self.db)
+        if db is None:
+            db = Database(settings.database_url)
+            migrate(db)
+        self.db = db
         if settings.agents:
             load_agents(settings.agents)
         self.agents: Mapping[str, Agent] = agents if agents is not None else registered_agents()
-        # SQLite takes one writer at a time: more threads would only queue on its
-        # lock, in sleeps. PostgreSQL serves many.
-        self.loop = LoopThread.shared(2 if self.db.is_sqlite else 16)
+        self._loop: LoopThread | None = None
         self.inline_store = self.db.is_sqlite
         self.app: Celery | None = None
         """The worker's app once a task has run here; else a sender is built on demand."""
@@ -130,12 +136,26 @@ class Runtime:
         self._peek: QueuePeek | None = None
         self._background = False
 
+    @property
+    def loop(self) -> LoopThread:
+        """The process's event loop in its thread, started when first needed."""
+        if self._loop is None:
+            # SQLite takes one writer at a time: more threads would only queue on its
+            # lock, in sleeps. PostgreSQL serves many.
+            self._loop = LoopThread.shared(2 if self.db.is_sqlite else 16)
+        return self._loop
+
     @classmethod
     def current(cls, app: Celery | None = None) -> Runtime:
-        """The worker process's runtime, with its lease renewals and sweeps running."""
+        """The worker process's runtime, with its lease renewals and sweeps running.
+
+        Its settings come from the environment and the configuration of `app`
+        (else Celery's current app: the worker's), as `Settings.load` reads them.
+        """
         with cls._lock:
             if cls._current is None or cls._pid != os.getpid():
-                cls._current = Runtime(Settings.from_env())
+                conf = (app or current_app).conf
+                cls._current = Runtime(Settings.load(conf=conf))
                 cls._pid = os.getpid()
             if app is not None:
                 cls._current.app = app
@@ -221,7 +241,7 @@ class Runtime:
         oldest message is not one we know is left out (nothing is taken for lost there)."""
         if self._peek is None:
             self._peek = QueuePeek(self.settings)
-        tails = self._peek.oldest((TURN_QUEUE, ANSWER_QUEUE))
+        tails = self._peek.oldest(self.peeked_queues())
         if tails is None:
             return None
         waiting: dict[str, datetime | None] = {}
@@ -231,15 +251,22 @@ class Runtime:
                 waiting[queue] = sent
         return waiting
 
+    def peeked_queues(self) -> tuple[str, ...]:
+        """The queues whose backlog the sweeper reads: relayq's, and its agents' own."""
+        agents = sorted({a.queue for a in self.agents.values()} - {TURN_QUEUE})
+        return (TURN_QUEUE, ANSWER_QUEUE, *agents)
+
+    def known_agent(self, name: str) -> Agent | None:
+        """The agent called `name` in this process, if any."""
+        return self.agents.get(name)
+
     def agent(self, name: str) -> Agent:
-        agent = self.agents.get(name)
+        """The agent to run a turn of `name` with: UnknownAgent, or AgentError when its
+        policy does not fit these settings (a turn time limit above the worker's)."""
+        agent = self.known_agent(name)
         if agent is None:
-            known = ", ".join(sorted(self.agents)) or "none"
-            raise AgentError(
-                f"unknown agent {name!r} on this worker (registered: {known}); "
-                "list the module that defines it in RELAYQ_AGENTS",
-                name,
-            )
+            raise UnknownAgent(name, tuple(sorted(self.agents)))
+        self.settings.check_agent(agent)
         return agent
 
     @property

@@ -1,4 +1,17 @@
-"""What every process that talks to the store or the broker reads from the environment.
+"""What every process that talks to the store or the broker is configured with.
+
+Each setting is read from, first to last:
+
+1. an explicit keyword (`DurableClient(database_url=...)`);
+2. the environment, `RELAYQ_<NAME>`;
+3. the Celery app's configuration, `relayq_<name>` (lowercase, like Celery's own
+   settings): a config module (`CELERY_CONFIG_MODULE=myconfig`,
+   `app.config_from_object("myconfig")`) or `app.conf.update(...)`;
+4. the default.
+
+The environment beats the configuration as Celery's own `CELERY_BROKER_URL`
+beats `broker_url`: the config module ships with the code, the environment is
+the deployment's. An empty value counts as unset.
 
 | variable | default | meaning |
 |---|---|---|
@@ -20,21 +33,25 @@
 | `RELAYQ_CONCURRENCY` | 500 (asyncio), CPUs (others) | turns one worker process runs at once |
 | `RELAYQ_TASK_EVENTS` | `0` | `1`: task events from the start, not once Flower asks |
 | `RELAYQ_MAX_ANSWER_BYTES` | `1048576` | largest answer (or prompt) taken, in bytes of JSON |
+
+In the configuration a duration may also be a number or a `timedelta`, a count
+an int, a flag a bool: `relayq_turn_time_limit = timedelta(minutes=5)`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kombu import Exchange, Queue
 
 from relayq import limits
 from relayq._retry import MAX_DELAY
+from relayq.agents import DEFAULT_QUEUE, Agent, AgentError
 from store import Recovery
 from store.outbox import (
     ANSWER_QUEUE,
@@ -46,27 +63,96 @@ from store.outbox import (
     TURN_TASK,
 )
 
-__all__ = ["MAX_COUNTDOWN", "QUEUES", "Settings"]
+__all__ = ["CONF_PREFIX", "ENV_PREFIX", "MAX_COUNTDOWN", "QUEUES", "Settings", "queue_named"]
 
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if not raw:
-        return float(default)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, not {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be more than 0 seconds, not {raw!r}")
-    return value
-
+ENV_PREFIX = "RELAYQ_"
+CONF_PREFIX = "relayq_"
 
 MAX_COUNTDOWN = MAX_DELAY
 
 # Separate queues: answers and maintenance never wait behind a backlog of
 # turns, and each can get its own workers.
 QUEUES = (TURN_QUEUE, ANSWER_QUEUE, MAINTENANCE_QUEUE)
+
+assert DEFAULT_QUEUE == TURN_QUEUE, "an agent's default queue is the store's turn queue"
+
+T = TypeVar("T")
+
+
+def queue_named(name: str) -> Queue:
+    """A queue on an exchange of its own, bound by its name: a message reaches that queue only.
+
+    Celery declares a queue it does not know (`-Q relayq.turns.vip`, or a send to
+    it) the same way (`task_create_missing_queues`).
+    """
+    return Queue(name, Exchange(name), routing_key=name)
+
+
+class _Source:
+    """One setting's raw value: the environment's, else the configuration's, else None."""
+
+    def __init__(self, env: Mapping[str, str], conf: Mapping[str, Any] | None) -> None:
+        self.env = env
+        self.conf = conf if conf is not None else {}
+
+    def raw(self, name: str) -> tuple[str, Any] | None:
+        """(where it was found, the value), for `name` like `turn_time_limit`."""
+        key = ENV_PREFIX + name.upper()
+        value: Any = self.env.get(key)
+        if value is not None and value != "":
+            return key, value
+        key = CONF_PREFIX + name
+        value = self.conf.get(key)
+        if value is not None and value != "":
+            return key, value
+        return None
+
+    def read(self, name: str, default: T, parse: Callable[[str, Any], T]) -> T:
+        found = self.raw(name)
+        return default if found is None else parse(*found)
+
+    def text(self, name: str, default: str) -> str:
+        return self.read(name, default, lambda _, v: str(v))
+
+    def seconds(self, name: str, default: float) -> float:
+        return self.read(name, float(default), _seconds)
+
+    def count(self, name: str, default: int) -> int:
+        return self.read(name, default, _count(0))
+
+    def flag(self, name: str) -> bool:
+        def parse(_: str, value: Any) -> bool:
+            if isinstance(value, bool):
+                return value
+            return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+        return self.read(name, False, parse)
+
+
+def _count(minimum: int) -> Callable[[str, Any], int]:
+    def parse(key: str, value: Any) -> int:
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be a whole number, not {value!r}") from None
+        if isinstance(value, bool | float) or number < minimum:
+            raise ValueError(f"{key} must be a whole number of at least {minimum}, not {value!r}")
+        return number
+
+    return parse
+
+
+def _seconds(key: str, value: Any) -> float:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    else:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be a number of seconds, not {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"{key} must be more than 0 seconds, not {value!r}")
+    return seconds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +165,9 @@ class Settings:
     key_prefix: str
     agents: str
     turn_time_limit: float
+    """Seconds a turn may take: Celery's soft time limit, and each agent's default."""
     model_retries: int
+    """Retries of a failing model call before the run fails, unless the agent sets its own."""
     retry_base: float
     pool: str
     concurrency: int | None
@@ -99,29 +187,48 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        home = Path(env.get("RELAYQ_HOME", ".relayq")).resolve()
-        broker = env.get("RELAYQ_BROKER_URL", "")
+        """The settings from the environment alone (`os.environ` by default)."""
+        return cls.load(env=env)
+
+    @classmethod
+    def load(
+        cls, env: Mapping[str, str] | None = None, conf: Mapping[str, Any] | None = None
+    ) -> Settings:
+        """The settings from the environment, then a Celery app's configuration.
+
+        For a config module holding `relayq_database_url = "..."` and the like:
+
+            app = Celery("myapp")
+            app.config_from_object("myconfig")
+            settings = Settings.load(conf=app.conf)
+        """
+        src = _Source(os.environ if env is None else env, conf)
+        home = Path(src.text("home", ".relayq")).resolve()
+        broker = src.text("broker_url", "")
         settings = cls(
             home=home,
-            database_url=env.get("RELAYQ_DATABASE_URL") or f"sqlite:///{home / 'relayq.db'}",
+            database_url=src.text("database_url", f"sqlite:///{home / 'relayq.db'}"),
             broker_url=broker or f"redis+socket://{home / 'redis.sock'}",
             embedded_broker=not broker,
-            key_prefix=env.get("RELAYQ_KEY_PREFIX", "relayq:"),
-            agents=env.get("RELAYQ_AGENTS", ""),
-            turn_time_limit=float(env.get("RELAYQ_TURN_TIME_LIMIT", "600")),
-            model_retries=int(env.get("RELAYQ_MODEL_RETRIES", "5")),
-            retry_base=float(env.get("RELAYQ_RETRY_BASE", "1.0")),
-            pool=env.get("RELAYQ_POOL", "asyncio"),
-            concurrency=int(env["RELAYQ_CONCURRENCY"]) if env.get("RELAYQ_CONCURRENCY") else None,
-            heartbeat_every=_seconds(env, "RELAYQ_HEARTBEAT_EVERY", 2),
-            worker_timeout_seconds=_seconds(env, "RELAYQ_WORKER_TIMEOUT", 10),
-            sweep_every=_seconds(env, "RELAYQ_SWEEP_EVERY", 5),
-            redeliver_after_seconds=_seconds(env, "RELAYQ_REDELIVER_AFTER", 10),
-            outbox_grace_seconds=_seconds(env, "RELAYQ_OUTBOX_GRACE", 5),
-            visibility_timeout=_seconds(env, "RELAYQ_VISIBILITY_TIMEOUT", 3600),
-            task_events=env.get("RELAYQ_TASK_EVENTS", "0").lower() in ("1", "true", "yes", "on"),
-            max_answer_bytes=limits.max_answer_bytes(env),
+            key_prefix=src.text("key_prefix", "relayq:"),
+            agents=src.text("agents", ""),
+            turn_time_limit=src.seconds("turn_time_limit", 600),
+            model_retries=src.count("model_retries", 5),
+            retry_base=src.seconds("retry_base", 1.0),
+            pool=src.text("pool", "asyncio"),
+            concurrency=src.read("concurrency", None, _count(1)),
+            heartbeat_every=src.seconds("heartbeat_every", 2),
+            worker_timeout_seconds=src.seconds("worker_timeout", 10),
+            sweep_every=src.seconds("sweep_every", 5),
+            redeliver_after_seconds=src.seconds("redeliver_after", 10),
+            outbox_grace_seconds=src.seconds("outbox_grace", 5),
+            visibility_timeout=src.seconds("visibility_timeout", 3600),
+            task_events=src.flag("task_events"),
+            max_answer_bytes=src.read(
+                "max_answer_bytes",
+                limits.DEFAULT_MAX_ANSWER_BYTES,
+                lambda _, v: limits.max_answer_bytes({limits.MAX_ANSWER_BYTES_ENV: str(v)}),
+            ),
         )
         settings._check()
         return settings
@@ -137,6 +244,35 @@ class Settings:
                 "RELAYQ_WORKER_TIMEOUT must be at least twice RELAYQ_HEARTBEAT_EVERY, "
                 "or a live worker would be taken for dead"
             )
+
+    # -- an agent's policy, with these settings as its defaults -----------------------------------
+
+    def retries_of(self, agent: Agent | None) -> int:
+        """Retries of a failing model call for `agent`'s runs (None: an agent not known here)."""
+        if agent is None or agent.retries is None:
+            return self.model_retries
+        return agent.retries
+
+    def time_limit_of(self, agent: Agent) -> float:
+        """Seconds one turn of `agent` may take; AgentError if it is not below the worker's.
+
+        The worker's limit is Celery's soft time limit (and the asyncio pool's): an
+        agent's own must run out first, for its turn to be retried as a timeout.
+        """
+        if agent.turn_time_limit is None:
+            return self.turn_time_limit
+        seconds = agent.turn_time_limit.total_seconds()
+        if seconds >= self.turn_time_limit:
+            raise AgentError(
+                f"agent {agent.name!r}: turn_time_limit ({seconds:g} s) must stay below "
+                f"the worker's RELAYQ_TURN_TIME_LIMIT ({self.turn_time_limit:g} s)",
+                agent.name,
+            )
+        return seconds
+
+    def check_agent(self, agent: Agent) -> None:
+        """AgentError if `agent`'s policy does not fit a worker with these settings."""
+        self.time_limit_of(agent)
 
     @property
     def worker_timeout(self) -> timedelta:
@@ -164,7 +300,10 @@ class Settings:
                 "global_keyprefix": self.key_prefix,
             },
             # Each queue on its own exchange and key: a message reaches one queue only.
-            "task_queues": tuple(Queue(q, Exchange(q), routing_key=q) for q in QUEUES),
+            "task_queues": tuple(queue_named(q) for q in QUEUES),
+            # An agent's own queue (`Agent(queue=...)`) is declared the same way by
+            # whoever meets it first: a worker told to consume it, or a send to it.
+            "task_create_missing_queues": True,
             "task_default_queue": TURN_QUEUE,
             "task_routes": {
                 TURN_TASK: {"queue": TURN_QUEUE},

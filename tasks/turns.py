@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Retry
 from celery.signals import worker_ready
+from greenlet import getcurrent  # type: ignore[import-untyped]
 
 from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult
 from relayq._retry import backoff
@@ -40,7 +44,8 @@ from store import (
     save_reply,
 )
 from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
-from tasks.runtime import Runtime
+from tasks.runtime import Runtime, defer
+from tasks.settings import Settings
 
 __all__ = ["TaskRef", "TurnFailed", "drive_turn", "run_turn"]
 
@@ -170,7 +175,7 @@ async def _turn(
                 agent.name,
             )
     journal = StoreJournal(rt, claim, task)
-    async with asyncio.timeout(rt.settings.turn_time_limit):
+    async with asyncio.timeout(_time_limit(rt.settings, agent)):
         turn = await take_turn(
             claim.messages,
             toolkit,
@@ -184,6 +189,21 @@ async def _turn(
         )
     # What is already stored (the reply, if saved) need not be written again.
     return turn, journal.stored, digest
+
+
+def _time_limit(settings: Settings, agent: Agent) -> float:
+    """Seconds the turn may take: the agent's limit, and never past a few seconds
+    before Celery's soft time limit (RELAYQ_TURN_TIME_LIMIT, see `workers.config`).
+
+    The soft limit interrupts a prefork body wherever it is: the turn's coroutine
+    is cancelled halfway, no retry is sent, and the task fails. The turn's own
+    deadline comes first, so a turn that runs too long is a TimeoutError, retried
+    with backoff (`_retry_or_fail`) on either pool. The margin pays for what runs
+    before the deadline starts (the claim) and after it (the retry's store write
+    and send): 5 s, or a quarter of a limit under 20 s.
+    """
+    soft = settings.turn_time_limit
+    return min(settings.time_limit_of(agent), soft - min(5.0, soft / 4))
 
 
 async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> str:
@@ -210,7 +230,7 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
 
 async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
     run_id = claim.run_id
-    if claim.attempts > rt.settings.model_retries:
+    if claim.attempts > rt.settings.retries_of(rt.known_agent(claim.agent)):
         # The turn keeps killing its worker (retries of model errors stop before this).
         error = f"the worker died {claim.attempts} times running this turn; giving up"
         await rt.io(fail_run, rt.db, claim, error)
@@ -228,6 +248,7 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
             tools_digest=digest,
             request_ttl=agent.request_ttl,
             on_expiry=agent.on_expiry,
+            queue=agent.queue,
         )
     except StaleClaim:
         return "skipped: lost the claim"
@@ -248,7 +269,8 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
 async def _retry_or_fail(rt: Runtime, task: TaskRef | None, claim: Claim, exc: Exception) -> str:
     retryable = isinstance(exc, TimeoutError) or (isinstance(exc, ModelError) and exc.retryable)
     error = _describe(exc)
-    if retryable and claim.attempts >= rt.settings.model_retries:
+    agent = rt.known_agent(claim.agent)
+    if retryable and claim.attempts >= rt.settings.retries_of(agent):
         error = f"gave up after {claim.attempts + 1} tries: {error}"
         retryable = False
     if not retryable:
@@ -256,14 +278,20 @@ async def _retry_or_fail(rt: Runtime, task: TaskRef | None, claim: Claim, exc: E
         raise TurnFailed(claim.run_id, error) from None
     retry_after = exc.retry_after if isinstance(exc, ModelError) else None
     countdown = backoff(claim.attempts, retry_after, base=rt.settings.retry_base)
-    row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown)
+    queue = agent.queue if agent is not None else None
+    row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown, queue=queue)
     if task is None:
         await rt.publish([row])
     else:
         # Re-sent as a retry of the same task (same id, retries + 1), as Celery's own
         # retry does; the outbox row stands in case this send is lost.
         retry = task.task.signature_from_request(
-            task.request, row.args, {}, countdown=countdown, retries=task.request.retries + 1
+            task.request,
+            row.args,
+            {},
+            queue=row.queue,
+            countdown=countdown,
+            retries=task.request.retries + 1,
         )
         await rt.io(retry.apply_async)
         await rt.io(mark_published, rt.db, [row])
@@ -283,10 +311,39 @@ def _describe(exc: BaseException) -> str:
     return describe_error(exc)
 
 
+_RETRIED = re.compile(r"retry \d+ in (?P<countdown>\d+(?:\.\d+)?) s: ")
+"""What `_retry_or_fail` returns once it has re-sent the task."""
+
+
 @shared_task(
     name=TURN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, queue=TURN_QUEUE
 )
 def run_turn(self: Task, run_id: str, version: int) -> str:
     """One model turn of run `run_id`, if the run is still at `version`."""
     rt = Runtime.current(self.app)
-    return str(rt.submit(drive_turn(rt, TaskRef(self, self.request), run_id, version)))
+    summary = _wait_for(rt, drive_turn(rt, TaskRef(self, self.request), run_id, version))
+    retried = _RETRIED.match(summary)
+    if retried:
+        # `_retry_or_fail` has re-sent this task (same id, retries + 1): Celery hears
+        # of it as of its own `Task.retry`, so the `task_retry` signal and the
+        # task-retried event fire, and the message is acknowledged.
+        raise Retry(summary, when=float(retried["countdown"]))
+    return summary
+
+
+def _wait_for(rt: Runtime, work: Coroutine[Any, Any, str]) -> str:
+    """What the turn returned, or its exception raised here, in the task body.
+
+    So Celery's tracer reports the turn as it went: `task_prerun` before it,
+    `task_success` (with the runtime) or `task_failure` after it, on either pool.
+    Under a classic pool the body runs the turn on the process's loop and waits.
+    Under the asyncio pool (`workers.aio`) the body runs in a greenlet of the
+    consumer's thread: it hands the turn to the pool (`defer`) and sleeps, blocking
+    nothing, until the pool wakes it with the turn's result or exception.
+    """
+    if not defer(work):
+        return rt.loop.run(work)
+    pool = getcurrent().parent
+    if pool is None:  # deferred by a caller that does not wake bodies: it reports the turn
+        return "deferred to the event loop"
+    return str(pool.switch())

@@ -3,6 +3,11 @@
 python -m workers                 # a worker on every relayq queue
 python -m workers beat            # the sweeper's schedule
 python -m workers worker -c 8     # any celery worker option
+python -m workers worker -Q relayq.turns.support,relayq.answers   # chosen queues only
+
+A worker consumes relayq's three queues unless `-Q` names others: an agent
+with a queue of its own (`Agent(queue="relayq.turns.support")`) runs only on
+workers started with `-Q` naming it.
 """
 
 from __future__ import annotations

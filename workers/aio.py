@@ -2,11 +2,23 @@
 
 Why: a turn spends nearly all its time waiting on the model. Prefork holds a
 process per turn, threads a blocked thread per turn; both put two to a few
-dozen calls in flight on a small machine. This pool runs each task's body
-in the consumer, where relayq's bodies only *defer* a coroutine
-(`tasks.runtime.defer`), runs the coroutines on the process's event loop,
-and reports each task done, so its message is acknowledged (acks_late),
-only when its coroutine has finished.
+dozen calls in flight on a small machine. This pool runs each task in the
+consumer and its coroutine on the process's event loop, and reports the task
+done, so its message is acknowledged (acks_late), only when its coroutine has
+finished.
+
+Celery's own tracer runs each task, in a greenlet of the consumer's thread
+(Celery keeps each greenlet's task request apart, as under its gevent pool).
+A body that waits for its coroutine (`tasks.turns.run_turn`) defers it
+(`tasks.runtime.defer`) and sleeps in its greenlet; the pool wakes it with the
+coroutine's result, or raises the coroutine's exception there, when the
+coroutine ends. So the tracer sees what the turn really did: `task_prerun`
+before it, `task_success` with its result and runtime, `task_failure` with its
+exception, `task_retry` for a retry, then `task_postrun`; and the pool hands
+Celery the tracer's outcome, from which Celery's request sends the task events
+and acknowledges the message, as under prefork. A body that only defers and
+returns (the answer, cancel and sweep tasks) is reported done when its
+coroutine ends, but Celery's signals fire when the body returns.
 
 Guarantees are those of the durable tasks, unchanged: the claim, the
 ledger and the outbox live in the store; the message stays unacknowledged
@@ -18,9 +30,11 @@ longer be acknowledged (`worker_cancel_long_running_tasks_on_connection_loss`).
 A cancelled turn is *detached*: its coroutine runs to its end and stores what
 it did, but it is never reported to Celery, so nothing is acknowledged on the
 dead connection; its message is gone with the broker, or comes back and finds
-the turn done. A finished turn is reported to Celery from a reader of the
-consumer's event loop (kombu's hub), on the consumer's thread, as prefork's
-results are, so a cancel never races a report.
+the turn done. A finished turn is reported to Celery (and its greenlet woken)
+from a reader of the consumer's event loop (kombu's hub), on the consumer's
+thread, as prefork's results are, so a cancel never races a report. The pool
+therefore needs the consumer's event loop, which Celery runs for every
+transport relayq supports (Redis).
 """
 
 from __future__ import annotations
@@ -40,10 +54,12 @@ from billiard.einfo import ExceptionInfo
 from celery import signals
 from celery.concurrency.base import BasePool
 from celery.utils.saferepr import saferepr
+from celery.utils.threads import LocalStack
+from greenlet import greenlet  # type: ignore[import-untyped]
 
 from tasks.runtime import Runtime, deferring
 
-__all__ = ["AsyncioPool"]
+__all__ = ["AsyncioPool", "requests_kept_apart"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +68,7 @@ Outcome = tuple[int, Any, float]
 
 
 class _Turn:
-    """A deferred task, as Celery holds it.
+    """A task whose coroutine runs, as Celery holds it.
 
     Celery internal: `Request.execute_using_pool` keeps a weak reference to what
     `pool.apply_async` returns (prefork's is an `ApplyResult`), and its `cancel`
@@ -61,13 +77,23 @@ class _Turn:
     """
 
     def __init__(
-        self, name: str, task_id: str, started: float, callback: Callable[[Outcome], None]
+        self,
+        name: str,
+        task_id: str,
+        started: float,
+        callback: Callable[[Outcome], None] | None,
+        trace: greenlet | None,
     ) -> None:
         self.name = name
         self.task_id = task_id
         self.started = started
         self.callback = callback
-        self.outcome: Outcome | None = None
+        self.trace = trace
+        """Celery's tracer, asleep in the task body until the coroutine ends; None
+        when the body returned after deferring it."""
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.runtime = 0.0
         self.detached = False
         """Never reported to Celery: its message can no longer be acknowledged."""
 
@@ -78,7 +104,7 @@ class _Turn:
 
 
 class AsyncioPool(BasePool):
-    """Task bodies inline, deferred coroutines on one event loop, acks when they end."""
+    """Celery's tracer in a greenlet per task, coroutines on one event loop, acks when they end."""
 
     body_can_be_buffer = True
 
@@ -99,6 +125,11 @@ class AsyncioPool(BasePool):
         # call; at the default 5 ms switch interval each handoff can stall a
         # call that long, and hundreds of turns queue behind those stalls.
         sys.setswitchinterval(0.0005)
+        if not requests_kept_apart():
+            raise RuntimeError(
+                "the asyncio pool needs Celery's task requests kept per greenlet: "
+                "unset USE_FAST_LOCALS"
+            )
         # The runtime owns the loop (and sizes its I/O threads to the store).
         self._loop = Runtime.current().loop
 
@@ -114,7 +145,7 @@ class AsyncioPool(BasePool):
 
     def on_stop(self) -> None:
         # A warm shutdown lets the turns in flight finish; their messages are acked then
-        # (the hub's event loop no longer runs: report them here).
+        # (the hub's event loop no longer runs: report them here, on its thread).
         deadline = time.monotonic() + 30
         while self._running and time.monotonic() < deadline:
             self._report()
@@ -137,24 +168,36 @@ class AsyncioPool(BasePool):
         accept_callback: Callable[[int, float], None] | None = None,
         **_: Any,
     ) -> _Turn | None:
+        # `target` is Celery's tracer (`BasePool` API: it returns the outcome the
+        # callback takes). Each runs in a greenlet of its own, whose parent is
+        # this one: a body that waits for its coroutine switches back here.
         started = time.monotonic()
         if accept_callback is not None:
             accept_callback(os.getpid(), started)
-        with deferring() as deferred:
-            ret = target(*(args or ()), **(kwargs or {}))
-        if deferred and (callback is None or (isinstance(ret, tuple) and ret[0])):
-            for coro in deferred:  # the body failed after deferring: nothing will await them
-                coro.close()
-            deferred = []
-        if not deferred or callback is None:
-            if callback is not None:
-                callback(ret)
-            return None
+        trace = greenlet(target)
+        deferred: list[Coroutine[Any, Any, Any]] = []
+        try:
+            with deferring() as deferred:
+                ret = trace.switch(*(args or ()), **(kwargs or {}))
+        except BaseException:
+            _close(deferred)  # the tracer itself failed: nothing will await them
+            raise
+        if trace.dead:
+            # The body returned: it ran to its end, or it only deferred its work.
+            if deferred and (callback is None or (isinstance(ret, tuple) and ret[0])):
+                _close(deferred)  # the body failed after deferring: nothing will await them
+                deferred = []
+            if not deferred or callback is None:
+                if callback is not None:
+                    callback(ret)
+                return None
+            trace = None
         turn = _Turn(
             args[0] if args else "task",
             args[1] if args and len(args) > 1 else "?",
             started,
             callback,
+            trace,
         )
         self._running.add(turn)
         future = asyncio.run_coroutine_threadsafe(_all(deferred), self._loop.loop)
@@ -162,22 +205,14 @@ class AsyncioPool(BasePool):
         return turn
 
     def _finished(self, future: Future[Any], turn: _Turn) -> None:
-        """On the event loop's thread: log the outcome, and wake the consumer to report it."""
-        runtime = time.monotonic() - turn.started
+        """On the event loop's thread: keep the outcome, and wake the consumer to report it."""
+        turn.runtime = time.monotonic() - turn.started
         try:
-            result = future.result()
+            turn.result = future.result()
         except BaseException as exc:
-            log.error("Task %s[%s] failed in %.3fs: %s", turn.name, turn.task_id, runtime, exc)
-            turn.outcome = (1, ExceptionInfo(), runtime)
-        else:
-            # The tracer logged the body's "deferred"; this is what the task did.
-            log.info("Task %s[%s] finished in %.3fs: %s", turn.name, turn.task_id, runtime, result)
-            turn.outcome = (0, saferepr(result), runtime)
+            turn.error = exc
         self._done.append(turn)
         self._running.discard(turn)
-        if self._hub is None:  # no event loop in this consumer: report from here
-            self._report()
-            return
         with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
             os.write(self._wake_w, b"\0")
 
@@ -188,10 +223,11 @@ class AsyncioPool(BasePool):
         self._report()
 
     def _report(self) -> None:
-        """Hand finished turns to Celery, which acknowledges their messages."""
+        """On the consumer's thread: finish each ended turn's tracer, and hand its
+        outcome to Celery, which sends its task event and acknowledges its message."""
         while self._done:
             turn = self._done.popleft()
-            assert turn.outcome is not None
+            outcome = self._resume(turn) if turn.trace is not None else _outcome(turn)
             if turn.detached:
                 log.warning(
                     "Task %s[%s] finished after its broker connection was lost; "
@@ -200,10 +236,35 @@ class AsyncioPool(BasePool):
                     turn.task_id,
                 )
                 continue
+            if turn.callback is None:
+                continue
             try:
-                turn.callback(turn.outcome)
+                turn.callback(outcome)
             except Exception:  # one task's report must not stop the consumer
                 log.exception("could not report task %s[%s]", turn.name, turn.task_id)
+
+    def _resume(self, turn: _Turn) -> Outcome:
+        """Wake the body with its coroutine's outcome; the tracer ends the task as
+        Celery does, and returns the callback's outcome."""
+        assert turn.trace is not None
+        error, turn.error = turn.error, None
+        try:
+            if error is None:
+                ret = turn.trace.switch(turn.result)
+            else:
+                ret = turn.trace.throw(type(error), error, error.__traceback__)
+            if not turn.trace.dead:  # a body waits once: it is told so, and ends
+                ret = turn.trace.throw(RuntimeError("a task body may wait for one coroutine"))
+        except BaseException as exc:
+            # Only what the coroutine raised is the task's to report (the tracer lets
+            # through what is not an Exception, e.g. a CancelledError, as Celery's
+            # pools let a worker's SystemExit through); anything else is the consumer's.
+            if exc is not error:
+                raise
+            return (1, ExceptionInfo((type(exc), exc, exc.__traceback__)), turn.runtime)
+        finally:
+            turn.result = None
+        return ret
 
     def _get_info(self) -> dict[str, Any]:
         info = super()._get_info()
@@ -213,6 +274,37 @@ class AsyncioPool(BasePool):
     @property
     def num_processes(self) -> int:
         return 1
+
+
+def requests_kept_apart() -> bool:
+    """Whether Celery keeps a task request (and current task) per greenlet.
+
+    Celery internal: `Task.request_stack` and `celery._state._task_stack` are
+    `celery.utils.threads.LocalStack`s, keyed by `greenlet.getcurrent()` when
+    greenlet is installed, unless `USE_FAST_LOCALS` makes them thread-locals. The
+    tracers asleep in this pool's greenlets each need their own.
+    """
+    stack = LocalStack()
+    stack.push("consumer")
+    return greenlet(lambda: stack.top).switch() is None
+
+
+def _outcome(turn: _Turn) -> Outcome:
+    """The outcome of a body that only deferred its coroutine (Celery's signals have
+    fired when it returned); logged here, since the tracer logged only "deferred"."""
+    if turn.error is not None:
+        exc, turn.error = turn.error, None
+        log.error("Task %s[%s] failed in %.3fs: %s", turn.name, turn.task_id, turn.runtime, exc)
+        return (1, ExceptionInfo((type(exc), exc, exc.__traceback__)), turn.runtime)
+    log.info(
+        "Task %s[%s] finished in %.3fs: %s", turn.name, turn.task_id, turn.runtime, turn.result
+    )
+    return (0, saferepr(turn.result), turn.runtime)
+
+
+def _close(work: list[Coroutine[Any, Any, Any]]) -> None:
+    for coro in work:
+        coro.close()
 
 
 async def _all(work: list[Coroutine[Any, Any, Any]]) -> Any:

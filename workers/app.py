@@ -1,8 +1,13 @@
 """The Celery app: `celery -A workers worker` runs relayq's tasks.
 
-Configuration comes from the environment (see `tasks.settings` and
-`workers.config`). With no `RELAYQ_BROKER_URL`, the worker and beat start
-the embedded Redis before they connect.
+Configuration comes from the environment and, below it, from a Celery
+config module (`CELERY_CONFIG_MODULE=myconfig`, with `relayq_*` settings;
+see `tasks.settings` and `workers.config`). With no broker URL, the worker
+and beat start the embedded Redis before they connect.
+
+`-Q` picks the queues a worker consumes (by default relayq's three); a queue
+it names that relayq does not declare (an agent's own, `Agent(queue=...)`) is
+declared like relayq's: on an exchange of its own, bound by its name.
 
 A worker rides out a broker outage of any length: it reconnects and goes on
 consuming (`Consumer`). If it stops without being asked to (SIGTERM, SIGINT,
@@ -17,11 +22,18 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_init, worker_shutdown, worker_shutting_down
+from celery.signals import (
+    beat_init,
+    celeryd_after_setup,
+    celeryd_init,
+    worker_init,
+    worker_shutdown,
+    worker_shutting_down,
+)
 from celery.worker import consumer, control
 
-from relayq.agents import load_agents
-from tasks.settings import Settings
+from relayq.agents import load_agents, registered_agents
+from tasks.settings import Settings, queue_named
 from workers.config import celery_config
 from workers.embedded import ensure_embedded_redis
 
@@ -29,12 +41,25 @@ __all__ = ["Consumer", "app", "exit_code", "settings"]
 
 log = logging.getLogger(__name__)
 
-settings = Settings.from_env()
 app = Celery("relayq")
+# Reading the configuration loads the config module (Celery's CELERY_CONFIG_MODULE)
+# if one is named; relayq's own Celery settings then go on top of it.
+settings = Settings.load(conf=app.conf)
 app.conf.update(celery_config(settings))
 
 _started = threading.Event()
 _stop_requested = threading.Event()
+
+
+@celeryd_init.connect
+def _declare_queues(options: dict[str, Any] | None = None, **_: Any) -> None:
+    """Declare each queue `-Q` names, before the worker selects them."""
+    queues = (options or {}).get("queues") or []
+    names = queues.split(",") if isinstance(queues, str) else list(queues)
+    declared = app.amqp.queues
+    for name in (n.strip() for n in names):
+        if name and name not in declared:
+            declared.add(queue_named(name))
 
 
 @worker_init.connect
@@ -42,9 +67,26 @@ def _prepare_worker(**_: Any) -> None:
     _started.set()
     if settings.embedded_broker:
         ensure_embedded_redis(settings)
-    # Fail at start, not at the first turn, when an agent module is broken.
+    # Fail at start, not at the first turn, when an agent module is broken or an
+    # agent's policy does not fit this worker.
     if settings.agents:
         load_agents(settings.agents)
+    for agent in registered_agents().values():
+        settings.check_agent(agent)
+
+
+@celeryd_after_setup.connect
+def _note_unserved_queues(instance: Any = None, **_: Any) -> None:
+    """Say which agents' turns this worker leaves to others (once `-Q` applied and logs work)."""
+    queues = getattr(instance, "app", app).amqp.queues
+    consumed = queues.consume_from or queues  # no selection: every declared queue
+    for agent in registered_agents().values():
+        if agent.queue not in consumed:
+            log.info(
+                "agent %r sends its turns to queue %s, which this worker does not consume",
+                agent.name,
+                agent.queue,
+            )
 
 
 @beat_init.connect

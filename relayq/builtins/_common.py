@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
+from relayq._errors import RelayqError
 from relayq._tools import Tool, ToolContext, define_tool
 from relayq._types import Request, ToolResult
 
@@ -33,8 +34,9 @@ SyncFn: TypeAlias = Callable[[dict[str, Any], ToolContext], Output]
 AsyncFn: TypeAlias = Callable[[dict[str, Any], ToolContext], Awaitable[Output]]
 
 
-class ToolFailure(Exception):
-    """An expected failure whose message is written for the model to read."""
+class ToolFailure(RelayqError):
+    """An expected failure whose message is written for the model to read; a builtin
+    turns it into an error result, so it never leaves the tool."""
 
 
 class Deadline:

@@ -13,6 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlmodel import col, select
+
 from relayq import (
     Agent,
     InProcessRequest,
@@ -25,6 +27,7 @@ from relayq import (
     pending,
 )
 from relayq.relay import relay_tool
+from store import Database, LedgerRow
 
 
 def log_dir() -> Path:
@@ -134,8 +137,30 @@ def work(args: dict[str, Any], ctx: ToolContext) -> str:
     return "worked"
 
 
+def recorded(db: Database, run_id: str, call_id: str) -> bool:
+    """Whether the call's outcome is in the ledger."""
+    with db.read() as s:
+        finished = select(LedgerRow).where(
+            LedgerRow.run_id == run_id,
+            LedgerRow.call_id == call_id,
+            col(LedgerRow.outcome).is_not(None),
+        )
+        return s.exec(finished).first() is not None
+
+
 def crash(args: dict[str, Any], ctx: ToolContext) -> str:
-    time.sleep(0.3)  # `work` finishes and reaches the ledger first
+    # `work` (c1) must have finished and reached the ledger before this call dies
+    # (polled in the worker's store); if it never does, the call fails and the
+    # test with it, rather than passing without showing anything.
+    db = Database(os.environ["RELAYQ_DATABASE_URL"])
+    try:
+        deadline = time.monotonic() + 20
+        while not recorded(db, ctx.run_id, "c1"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("`work` did not reach the ledger within 20 s")
+            time.sleep(0.02)
+    finally:
+        db.dispose()
     if note("tool", f"crash {ctx.run_id}") == 1:
         os._exit(1)
     return f"survived {ctx.idempotency_key} attempt {ctx.attempt}"
@@ -217,11 +242,9 @@ def holding_model(req: InProcessRequest) -> InProcessResponse:
 holding = Agent("holding", holding_model, tools=[define_tool("hold", "h", None, hold)])
 
 
-# Two turns: a local tool that takes a moment, then the final text. A turn
-# taken twice shows in the counts.
+# Two turns: a local tool, then the final text. A turn taken twice shows in the counts.
 def step(args: dict[str, Any], ctx: ToolContext) -> str:
     note("tool", f"step {ctx.run_id}")
-    time.sleep(0.2)  # long enough for a duplicate message to arrive mid-turn
     return "stepped"
 
 
@@ -280,7 +303,8 @@ crowd = Agent("crowd", crowd_model)
 
 
 # Fault probes: runs slow enough that a worker killed at any moment holds turns
-# in flight, each with a local tool and a relay call the host answers.
+# in flight, each with a local tool and a relay call the host answers. The
+# sleeps are the behaviour under test (turns in flight), not synchronisation.
 async def pace(args: dict[str, Any], ctx: ToolContext) -> str:
     note("tool", f"pace {ctx.run_id} attempt {ctx.attempt}")
     await asyncio.sleep(0.4)

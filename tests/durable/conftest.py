@@ -3,7 +3,10 @@
 Redis: the machine's server (127.0.0.1:6379) when it answers, on its own db
 number and under a key prefix of this session only; else the embedded one.
 Databases: a SQLite file, and a PostgreSQL database created for the session
-and dropped after it when a server answers on 127.0.0.1:5432.
+and dropped after it when a server answers on 127.0.0.1:5432 (the postgresql
+half is marked `postgres` and skipped without one). Where `RELAYQ_REQUIRE`
+names them (tests/conftest.py), a missing PostgreSQL or machine's Redis is a
+failure instead of a skip or the embedded broker.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -30,6 +33,9 @@ import tests.durable.agents  # noqa: F401  (the host knows the agents, as a real
 from store import Database
 from tasks import DurableClient, Settings
 from workers.embedded import ensure_embedded_redis, stop_embedded_redis
+
+if TYPE_CHECKING:
+    from tests.conftest import Parts
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = int(os.environ.get("RELAYQ_TEST_REDIS_DB", "13"))
@@ -59,9 +65,10 @@ class Broker:
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory, machine_parts: Parts) -> Iterator[Broker]:
     # RELAYQ_TEST_EMBEDDED=1 tries the embedded broker, as on a machine without Redis.
-    if _port_open("127.0.0.1", 6379) and not os.environ.get("RELAYQ_TEST_EMBEDDED"):
+    embedded = bool(os.environ.get("RELAYQ_TEST_EMBEDDED"))
+    if not embedded and _port_open("127.0.0.1", 6379):
         b = Broker(url=f"redis://127.0.0.1:6379/{REDIS_DB}")
         yield b
         conn = b.client()
@@ -70,6 +77,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
             if keys:
                 conn.delete(*keys)
         return
+    if not embedded:
+        machine_parts.lacking(
+            "redis",
+            "no Redis answered on 127.0.0.1:6379",
+            instead="the durable tests ran on the embedded one",
+        )
     home = tmp_path_factory.mktemp("broker")
     settings = Settings.from_env({"RELAYQ_HOME": str(home)})
     sock = ensure_embedded_redis(settings)
@@ -82,9 +95,13 @@ def _postgres_url(name: str) -> str:
     return f"{base}/{name}"
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+@pytest.fixture(
+    scope="session", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
 def database_url(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    machine_parts: Parts,
 ) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'relayq.db'}"
@@ -92,7 +109,10 @@ def database_url(
     try:
         admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=2)
     except psycopg.OperationalError:
-        pytest.skip("no PostgreSQL server at " + PG_ADMIN)
+        machine_parts.missing(
+            "postgres",
+            f"no PostgreSQL server at {PG_ADMIN} (start one, or set RELAYQ_TEST_POSTGRES)",
+        )
     name = f"relayq_test_{uuid.uuid4().hex[:12]}"
     admin.execute(f'CREATE DATABASE "{name}"')
     try:

@@ -22,6 +22,7 @@ async def _halt_until_expired(client: DurableClient, agent: str, prompt: str) ->
     assert halted.pending is not None
     expires_at = halted.pending.expires_at
     assert expires_at is not None, "the agent's request_ttl sets the expiry"
+    # Waiting out the time to live is the behaviour under test, not synchronisation.
     await asyncio.sleep(max(0.0, (expires_at - datetime.now(UTC)).total_seconds()) + 0.02)
     return halted
 

@@ -68,20 +68,31 @@ async def test_a_duplicate_turn_message_is_skipped_and_the_run_finishes_once(
     eventually: Eventually,
     acked: Callable[[str], bool],
 ):
-    # Given a run whose first turn message is on its way to the worker
-    run_id = await client.start("two-step", prompt)
+    # Given a run whose first turn is in flight on the worker, its tool held
+    run_id = await client.start("holding", prompt)
+    release = durable.log / f"release-{run_id}"
+    try:
+        await eventually(
+            lambda: durable.count("tool", f"hold {run_id}") == 1, what="the tool to start"
+        )
 
-    # When a second copy of that message (same arguments, another task id) is sent
-    copy_id = f"duplicate-{uuid.uuid4().hex}"
-    client.app.send_task("relayq.run_turn", args=[run_id, 0], queue="relayq.turns", task_id=copy_id)
-    res = await client.result(run_id, wait=True, timeout=30)
-    await eventually(lambda: acked(copy_id), what="the copy to be handled")
+        # When a second copy of its message (same arguments, another task id) is
+        # sent, and handled while the turn still runs
+        copy_id = f"duplicate-{uuid.uuid4().hex}"
+        client.app.send_task(
+            "relayq.run_turn", args=[run_id, 0], queue="relayq.turns", task_id=copy_id
+        )
+        await eventually(lambda: acked(copy_id), what="the copy to be handled mid-turn")
+        assert (await client.result(run_id)).status == "running"
+    finally:
+        release.touch()
 
     # Then the run finished once, each of its two turns taken once
+    res = await client.result(run_id, wait=True, timeout=30)
     assert res.status == "done", res.error
-    assert res.text == "stepped"
+    assert res.text == "released"
     assert durable.count("model", prompt) == 2, "two turns, no turn taken twice"
-    assert durable.count("tool", f"step {run_id}") == 1
+    assert durable.count("tool", f"hold {run_id}") == 1
     assert await client.result(run_id) == res
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from relayq._types import new_id
-from store import Recovery, claim_turn, create_run, get_run, sweep
+from store import Database, Recovery, RunRow, WorkerRow, claim_turn, create_run, get_run, sweep
+from store.models import utcnow
 from store.outbox import mark_published
 from tasks import DurableClient
 from tasks.publish import publish
@@ -64,16 +64,41 @@ async def test_a_live_workers_heartbeat_keeps_a_long_turn_from_being_swept_from_
     spare = spare_workers.start(
         RELAYQ_HEARTBEAT_EVERY="0.3", RELAYQ_WORKER_TIMEOUT="1.5", RELAYQ_SWEEP_EVERY="0.3"
     )
+    timeout = spare.settings.worker_timeout
     async with DurableClient(settings=spare.settings) as client:
         run_id = await client.start("holding", prompt)
-        await eventually(lambda: durable.count("tool", f"hold {run_id}") == 1, what="the tool")
+        release = durable.log / f"release-{run_id}"
+        try:
+            await eventually(lambda: durable.count("tool", f"hold {run_id}") == 1, what="the tool")
+            started = utcnow()
 
-        # When its tool runs for three times that (the worker beats meanwhile)
-        await asyncio.sleep(4.5)
-        (durable.log / f"release-{run_id}").touch()
+            # When its tool runs for three times that, the worker beating meanwhile
+            # (the wait is the behaviour under test: a turn outlasting the timeout)
+            await eventually(
+                lambda: _heartbeat_of_holder(client.db, run_id) >= started + 3 * timeout,
+                timeout=20,
+                what="the holding worker to beat three timeouts into the turn",
+            )
+            # ... and a sweep with the worker's own bounds looks at the run then
+            report = sweep(client.db, recovery=spare.settings.recovery())
+            publish(client.app, client.db, report.outbox)
+            assert run_id not in report.requeued
+        finally:
+            release.touch()
         res = await client.result(run_id, wait=True, timeout=30)
 
     # Then nobody took the turn over: the tool ran once, the model was asked twice
     assert res.status == "done", res.error
     assert durable.count("tool", f"hold {run_id}") == 1
     assert durable.count("model", prompt) == 2
+
+
+def _heartbeat_of_holder(db: Database, run_id: str) -> datetime:
+    """The last heartbeat of the worker holding the run's claim."""
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+        assert run is not None
+        assert run.worker is not None, f"the run is {run.status}, not claimed by a worker"
+        worker = s.get(WorkerRow, run.worker)
+        assert worker is not None, "the worker holding the run is registered"
+        return worker.heartbeat_at

@@ -24,6 +24,9 @@ def test_the_package_exports_exactly_these_names():
             "RelayqError", "Request", "ResumeError", "RunCancelled", "RunResult", "Tool",
             "ToolCallRecord", "ToolContext", "ToolResult", "Toolkit", "ToolkitError", "Usage",
             "create_in_process_client", "create_toolkit", "define_tool", "pending", "tool",
+            "AnswerMismatch", "AnswerTooLarge", "CallAnswered", "ConversationBusy",
+            "InputTooLarge", "RequestClosed", "UnknownAgent", "UnknownRequest",
+            "UnstorableAnswer", "UnstorableInput",
         ]
     )  # fmt: skip
     assert all(hasattr(relayq, name) for name in relayq.__all__)

@@ -3,7 +3,8 @@
 PostgreSQL: a database `relayq_store_test_<hex>` is created and migrated once
 per session, every relayq table is emptied before and after each test, and
 the database is dropped at the end. Without a server on 127.0.0.1:5432 (or
-`RELAYQ_TEST_POSTGRES`), the postgresql half of the suite is skipped.
+`RELAYQ_TEST_POSTGRES`), the postgresql half of the suite (marked `postgres`)
+is skipped, or fails where `RELAYQ_REQUIRE` names postgres (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ from store import Database, migrate
 
 PG_ADMIN = os.environ.get("RELAYQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 RELAYQ_TABLES = [t.name for t in SQLModel.metadata.sorted_tables if t.name.startswith("relayq_")]
+
+
+NO_POSTGRES = f"no PostgreSQL server at {PG_ADMIN} (start one, or set RELAYQ_TEST_POSTGRES)"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests that take `pg` run on PostgreSQL only (the `db` fixture marks its own half).
+    # The hook sees the whole session's items: only this folder's are looked at.
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here) and "pg" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
 
 
 def _postgres_url(name: str) -> str:
@@ -72,7 +85,7 @@ def _empty(db: Database) -> None:
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Database]:
     url = request.getfixturevalue("postgres_url")
     if url is None:
-        pytest.skip(f"no PostgreSQL server at {PG_ADMIN}")
+        request.getfixturevalue("machine_parts").missing("postgres", NO_POSTGRES)
     db = Database(url)
     try:
         _empty(db)
@@ -82,7 +95,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Database]:
         db.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     """A migrated, empty store, on each database in turn."""
     with _sqlite(tmp_path) if request.param == "sqlite" else _postgres(request) as database:

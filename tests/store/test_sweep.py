@@ -14,6 +14,7 @@ from store import (
     apply_answer_of,
     beat,
     claim_turn,
+    create_run,
     get_request,
     get_run,
     sweep,
@@ -314,3 +315,20 @@ async def test_an_overdue_request_is_expired_and_its_answer_task_sent_once(db: D
     assert get_request(db, turn.pending.id).status == "expired"
     [row] = outbox_rows(db, ANSWER_TASK)
     assert [(r.id, r.task) for r in report.outbox] == [(row.id, ANSWER_TASK)]
+
+
+def test_a_turn_on_an_agents_own_queue_is_judged_by_that_queue_alone(db: Database):
+    # Given a queued run whose turn went to an agent's queue, long ago
+    create_run(
+        db, run_id="run_1", agent="vip", prompt="go", conversation_id=None, queue="relayq.turns.vip"
+    )
+    [row] = published(db)
+    assert row.published_at is not None
+    later = row.published_at + REDELIVER + timedelta(seconds=1)
+
+    # When only relayq.turns was looked into, nothing is taken for lost
+    assert sweep(db, now=later, waiting={TURN_QUEUE: None}).resent == []
+    # When its own queue is empty, its message is lost and goes again
+    assert sweep(db, now=later, waiting={TURN_QUEUE: None, "relayq.turns.vip": None}).resent == [
+        "run_1"
+    ]

@@ -1,0 +1,57 @@
+"""HTTP status codes from relayq's error types alone: no second look at the store.
+
+A second look could race (another answer winning meanwhile) and costs a query;
+the store's refusal already says what happened.
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from relayq import (
+    AgentError,
+    AnswerTooLarge,
+    CallAnswered,
+    ConversationBusy,
+    InputTooLarge,
+    RelayqError,
+    RequestClosed,
+    ResumeError,
+    UnknownAgent,
+    UnknownRequest,
+    UnstorableInput,
+)
+from store import UnknownRun
+
+__all__ = ["http_error", "refused", "status_of"]
+
+# Most specific first: the first type an error is an instance of decides.
+_STATUS: tuple[tuple[type[RelayqError], int], ...] = (
+    (UnknownRequest, 404),
+    (UnknownRun, 404),
+    (UnknownAgent, 404),
+    (RequestClosed, 409),
+    (CallAnswered, 409),
+    (ConversationBusy, 409),
+    (AnswerTooLarge, 413),
+    (InputTooLarge, 413),
+    (ResumeError, 422),
+    (UnstorableInput, 422),
+    (AgentError, 422),
+)
+
+
+def status_of(exc: RelayqError) -> int:
+    """The status an error answers with; 500 for one no client could have caused."""
+    return next((status for kind, status in _STATUS if isinstance(exc, kind)), 500)
+
+
+def http_error(exc: RelayqError) -> HTTPException:
+    return HTTPException(status_of(exc), str(exc))
+
+
+async def refused(request: Request, exc: Exception) -> JSONResponse:
+    """The app's handler for every RelayqError a route lets through."""
+    assert isinstance(exc, RelayqError)
+    return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))

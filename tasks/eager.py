@@ -1,0 +1,128 @@
+"""Eager mode: each task message runs at once, in the calling process, instead of being sent.
+
+Celery's `task_always_eager`, for durable runs: `DurableClient(eager=True)`
+drives every turn with the workers' own code (`tasks.turns.drive_turn`,
+`tasks.answers.apply_answer`) against the same store, so a test or a notebook
+runs an agent with no broker and no worker, and gets the results a worker
+would store. No Celery app is built and no broker connection is opened.
+
+A message leads to the next (a turn's outbox holds the following turn), so
+`EagerRuntime.publish` queues it behind the one running, and the first call
+runs them all, in order, until the run settles: done, pending, failed,
+cancelled or incomplete. A retry waits its backoff first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+
+from relayq.agents import Agent, registered_agents
+from store import Database, OutboxRow, beat, forget_worker
+from store.outbox import ANSWER_TASK, TURN_TASK, mark_published
+from store.workers import HOSTNAME
+from tasks.answers import apply_answer
+from tasks.runtime import Runtime
+from tasks.settings import Settings
+from tasks.turns import TurnFailed, drive_turn
+
+__all__ = ["EagerRuntime"]
+
+log = logging.getLogger(__name__)
+
+_running: ContextVar[deque[OutboxRow] | None] = ContextVar("relayq_eager_running", default=None)
+
+
+class _Agents(Mapping[str, Agent]):
+    """The agents registered in this process now (not when the runtime was built), and the
+    unregistered ones a caller handed over."""
+
+    def __init__(self) -> None:
+        self.own: dict[str, Agent] = {}
+
+    def _all(self) -> dict[str, Agent]:
+        return {**registered_agents(), **self.own}
+
+    def __getitem__(self, name: str) -> Agent:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+class EagerRuntime(Runtime):
+    """A `Runtime` whose `publish` runs each message here rather than sending it.
+
+    Its claims name it as a worker with a heartbeat, written while it runs
+    turns: a worker sharing the store never takes a turn from it.
+    """
+
+    def __init__(self, settings: Settings, *, db: Database | None = None) -> None:
+        self._known = _Agents()
+        super().__init__(settings, db=db, agents=self._known)
+        self._beating = False
+
+    def adopt(self, agent: Agent) -> None:
+        """Serve `agent` under its name, registered or not (an `Agent(..., register=False)`)."""
+        self._known.own[agent.name] = agent
+
+    async def publish(self, rows: list[OutboxRow]) -> None:
+        """Run `rows` here: after the message running now, or at once if none is."""
+        if not rows:
+            return
+        # Marked sent, so no sweeper sends them to a worker meanwhile.
+        await self.io(mark_published, self.db, rows)
+        running = _running.get()
+        if running is not None:
+            running.extend(rows)
+            return
+        await self._run_all(rows)
+
+    async def _run_all(self, rows: list[OutboxRow]) -> None:
+        queue = deque(rows)
+        token = _running.set(queue)
+        heart = asyncio.create_task(self._beat_while_running())
+        try:
+            await self.io(beat, self.db, self.worker_id, hostname=HOSTNAME, pid=os.getpid())
+            self._beating = True
+            while queue:
+                row = queue.popleft()
+                if row.countdown:
+                    await asyncio.sleep(row.countdown)
+                await self._run(row)
+        finally:
+            heart.cancel()
+            _running.reset(token)
+
+    async def _run(self, row: OutboxRow) -> None:
+        if row.task == TURN_TASK:
+            run_id, version = row.args
+            try:
+                await drive_turn(self, None, str(run_id), int(version))
+            except TurnFailed as exc:  # stored on the run, as a worker stores it
+                log.info("%s", exc)
+        elif row.task == ANSWER_TASK:
+            await apply_answer(self, str(row.args[0]))
+        else:
+            raise ValueError(f"eager mode cannot run a {row.task} message")
+
+    async def _beat_while_running(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_every)
+            try:
+                await self.io(beat, self.db, self.worker_id, hostname=HOSTNAME, pid=os.getpid())
+            except Exception as exc:  # the next beat tries again
+                log.warning("could not write the heartbeat: %s", type(exc).__name__)
+
+    def close(self) -> None:
+        """Sign off, so nothing waits on this process's heartbeat."""
+        if self._beating:
+            forget_worker(self.db, self.worker_id)
+            self._beating = False

@@ -1,0 +1,146 @@
+"""What the whole suite needs of the machine, and what happens where it is missing.
+
+A test that needs a part some machines lack carries that part's marker
+(`browser`, `postgres`), and its fixture calls `machine_parts.missing(part,
+reason)` where the part is missing: the test skips, saying why, so `make test`
+passes on a fresh machine and its summary says what it did not test.
+`RELAYQ_REQUIRE` names parts that must be there (`.ci/run` sets
+`RELAYQ_REQUIRE=browser,postgres,redis`): for those, `missing` fails the test
+instead, and without `redis` the durable tests fail rather than fall back to
+the embedded broker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import pytest
+
+REQUIRE = "RELAYQ_REQUIRE"
+PARTS = {
+    "browser": "Debian's chromium (apt-get install chromium)",
+    "postgres": "a PostgreSQL server (127.0.0.1:5432, or RELAYQ_TEST_POSTGRES)",
+    "redis": "a Redis server on 127.0.0.1:6379",
+}
+
+
+@dataclass
+class Parts:
+    """The parts `RELAYQ_REQUIRE` asks for, and what went missing in this session."""
+
+    required: frozenset[str]
+    reasons: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """A skip's or failure's message to the part it was for and why."""
+    skipped: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Test id to (part, reason), for each test skipped for want of a part."""
+    failed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """The same, for the tests `RELAYQ_REQUIRE` failed instead."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Part to what the suite did without it (no test skipped for it)."""
+
+    def missing(self, part: str, reason: str) -> NoReturn:
+        """Skip the test for want of `part`, or fail it where `RELAYQ_REQUIRE` names the part."""
+        self._fail_if_required(part, reason)
+        self.reasons[reason] = (part, reason)
+        pytest.skip(reason)
+
+    def lacking(self, part: str, reason: str, *, instead: str) -> None:
+        """The suite does without `part` (`instead`, said in the summary), or the test
+        fails where `RELAYQ_REQUIRE` names the part."""
+        self._fail_if_required(part, reason)
+        self.notes[part] = f"{reason}: {instead}"
+
+    def _fail_if_required(self, part: str, reason: str) -> None:
+        if part in self.required:
+            message = f"{reason}, and {REQUIRE}={','.join(sorted(self.required))} requires {part}"
+            self.reasons[message] = (part, reason)
+            pytest.fail(message, pytrace=False)
+
+
+_PARTS = pytest.StashKey[Parts]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    names = frozenset(n.strip() for n in os.environ.get(REQUIRE, "").split(",") if n.strip())
+    unknown = sorted(names - PARTS.keys())
+    if unknown:
+        raise pytest.UsageError(
+            f"{REQUIRE} names {', '.join(unknown)}; it takes {', '.join(PARTS)}"
+        )
+    config.stash[_PARTS] = Parts(required=names)
+
+
+@pytest.fixture(scope="session")
+def machine_parts(pytestconfig: pytest.Config) -> Parts:
+    """What the session requires and found missing: `machine_parts.lacking(...)`."""
+    return pytestconfig.stash[_PARTS]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    required = ",".join(sorted(config.stash[_PARTS].required))
+    if required:
+        return f"relayq: {REQUIRE}={required}: tests that need these fail instead of skipping"
+    return f"relayq: tests that need {', '.join(PARTS)} skip where they are missing"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Count the tests `Parts.missing` or `Parts.lacking` skipped or failed, per part.
+
+    A session fixture's skip is raised again, not called again, for every test
+    after the first: the message says which part it was for.
+    """
+    report = yield
+    parts = item.config.stash[_PARTS]
+    if not parts.reasons or hasattr(report, "wasxfail"):
+        return report
+    if report.skipped and isinstance(report.longrepr, tuple):
+        found = parts.reasons.get(str(report.longrepr[2]).removeprefix("Skipped: "))
+        if found is not None:
+            parts.skipped[item.nodeid] = found
+    elif report.failed:
+        text = report.longreprtext
+        for message, found in parts.reasons.items():
+            if found[1] != message and message in text:
+                parts.failed[item.nodeid] = found
+                break
+    return report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(
+    terminalreporter: Any, config: pytest.Config
+) -> Generator[None, None, None]:
+    # Outermost, so this comes after -ra's list of every skip, just above the counts.
+    yield
+    parts = config.stash[_PARTS]
+    if parts.skipped or parts.failed or parts.notes:
+        _summarise(parts, terminalreporter)
+
+
+def _summarise(parts: Parts, terminalreporter: Any) -> None:
+    write = terminalreporter.write_line
+    terminalreporter.section("relayq: what this machine lacks")
+    required = f"{REQUIRE}={','.join(sorted(parts.required))}"
+    for title, entries in (
+        ("skipped", parts.skipped),
+        (f"failed instead of skipping, as {required} asks", parts.failed),
+    ):
+        if entries:
+            write(f"{len(entries)} test{'s' if len(entries) != 1 else ''} {title}:")
+            for (part, reason), n in sorted(Counter(entries.values()).items()):
+                write(f"  {n} need {part}: {reason}")
+    for part, note in sorted(parts.notes.items()):
+        write(f"{part}: {note}")
+    if parts.skipped or parts.notes:
+        lacking = sorted({p for p, _ in parts.skipped.values()} | parts.notes.keys())
+        write(
+            f"To test them too, give this machine {'; '.join(PARTS[p] for p in lacking)}. "
+            f"CI has them and sets {REQUIRE}={','.join(PARTS)}, so there they cannot skip."
+        )

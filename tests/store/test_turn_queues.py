@@ -1,0 +1,72 @@
+"""A run's turns go to its agent's queue: given when the run is created (or a turn is
+finished or retried), and followed where the store queues a turn on its own."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from relayq.relay import RelayResult, relay_answer
+from store import (
+    Database,
+    accept_answer,
+    apply_answer_of,
+    claim_turn,
+    create_run,
+    create_runs,
+    retry_turn,
+    sweep,
+)
+from store.models import utcnow
+from store.outbox import TURN_QUEUE
+from tests.relayq.scripted import text
+
+from .driver import LEASE, model_of, relay_kit, relay_turn, run_turn
+
+VIP = "relayq.turns.vip"
+
+
+def test_a_new_run_goes_to_the_queue_given_else_to_the_turn_queue(db: Database):
+    vip = create_run(db, run_id="run_v", agent="a", prompt="p", conversation_id=None, queue=VIP)
+    plain = create_run(db, run_id="run_p", agent="a", prompt="p", conversation_id=None)
+    batch = create_runs(db, agent="a", runs=[("run_b1", "p"), ("run_b2", "p")], queue=VIP)
+
+    assert (vip.queue, plain.queue) == (VIP, TURN_QUEUE)
+    assert {row.queue for row in batch} == {VIP}
+
+
+def test_a_retried_turn_goes_to_the_queue_given_else_where_the_run_went(db: Database):
+    create_run(db, run_id="run_1", agent="a", prompt="p", conversation_id=None, queue=VIP)
+    claim = claim_turn(db, "run_1", 0, task_id="t1", lease=LEASE)
+    assert claim is not None
+
+    row = retry_turn(db, claim, error="429", countdown=0.1)
+
+    assert row.queue == VIP
+    again = claim_turn(db, "run_1", row.args[1], task_id="t2", lease=LEASE)
+    assert again is not None
+    assert retry_turn(db, again, error="429", countdown=0.1, queue="other").queue == "other"
+
+
+def test_a_run_taken_over_from_a_dead_worker_stays_on_its_queue(db: Database):
+    create_run(db, run_id="run_1", agent="a", prompt="p", conversation_id=None, queue=VIP)
+    assert claim_turn(db, "run_1", 0, task_id="t", lease=timedelta(seconds=1)) is not None
+
+    report = sweep(db, now=utcnow() + timedelta(seconds=5))
+
+    assert report.requeued == ["run_1"]
+    assert {row.queue for row in report.outbox} == {VIP}
+
+
+async def test_the_turn_after_an_answer_goes_where_the_run_went(db: Database):
+    # Given a run on its agent's queue, halted on a relay request
+    create_run(db, run_id="run_1", agent="a", prompt="p", conversation_id=None, queue=VIP)
+    kit = await relay_kit("lookup")
+    turn = await run_turn(db, "run_1", kit, model_of(relay_turn(("c1", "lookup")), text("done")))
+    assert turn.pending is not None
+
+    # When the answer is applied (the store knows no agent there)
+    accept_answer(db, relay_answer(turn.pending.id, [RelayResult(id="c1", output="x")]))
+    [row] = apply_answer_of(db, turn.pending.id)
+
+    # Then the next turn goes to the run's queue
+    assert row.queue == VIP
