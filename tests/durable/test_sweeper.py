@@ -5,7 +5,17 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from relayq._types import new_id
-from store import Database, Recovery, RunRow, WorkerRow, claim_turn, create_run, get_run, sweep
+from store import (
+    Database,
+    Recovery,
+    RunRow,
+    WorkerRow,
+    beat,
+    claim_turn,
+    create_run,
+    get_run,
+    sweep,
+)
 from store.models import utcnow
 from store.outbox import mark_published
 from tasks import DurableClient
@@ -37,16 +47,20 @@ async def test_a_run_whose_first_message_was_never_sent_is_started_by_a_sweep(
 async def test_a_run_left_running_by_a_vanished_worker_is_requeued_by_a_sweep(
     durable: Durable, client: DurableClient, prompt: str
 ):
-    # Given a run claimed by a worker that vanished: its lease has run out
+    # Given a run claimed by a worker on another host, whose last heartbeat was just now
+    # (so that the live worker's own sweeps leave it alone for this test's sweep)
     run_id = new_id("run")
     row = create_run(client.db, run_id=run_id, agent="recall", prompt=prompt, conversation_id=None)
     mark_published(client.db, [row])  # the ghost received it
-    claim = claim_turn(client.db, run_id, 0, task_id="ghost", lease=timedelta(seconds=0))
+    ghost = f"ghost-{run_id}"
+    beat(client.db, ghost, hostname="a-host-that-vanished", pid=1)
+    claim = claim_turn(client.db, run_id, 0, task_id="ghost", lease=timedelta(0), worker=ghost)
     assert claim is not None
     assert get_run(client.db, run_id).status == "running"
 
-    # When a sweep runs
-    report = sweep(client.db)
+    # When a sweep runs after its heartbeat is overdue
+    timeout = durable.settings.worker_timeout
+    report = sweep(client.db, now=utcnow() + timeout + timedelta(seconds=1))
     publish(client.app, client.db, report.outbox)
 
     # Then the run is queued again and completes on a live worker
