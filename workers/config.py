@@ -32,7 +32,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         # Soft limit: the turn is interrupted and re-queued with backoff; hard
         # limit: the process is killed. Both below the visibility timeout. (The
-        # asyncio pool times a turn out itself, at the soft limit.)
+        # asyncio pool times a turn out itself, a few seconds before the soft limit.)
         "task_soft_time_limit": settings.turn_time_limit,
         "task_time_limit": hard_limit,
         # Task events feed Flower, which turns them on in every worker while it
