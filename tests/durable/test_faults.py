@@ -56,6 +56,29 @@ def caught(db: Database, run_ids: list[str]) -> dict[str, int]:
     return held
 
 
+async def finished(client: DurableClient, run_id: str, timeout: float = 120.0) -> RunResult:
+    """The run once it has finished (a pending run waits on the host loop's answer)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = await client.result(run_id, wait=True, timeout=timeout)
+        if res.status not in ("queued", "running", "pending") or time.monotonic() > deadline:
+            return res
+        await asyncio.sleep(0.1)
+
+
+async def until_caught(db: Database, run_ids: list[str], timeout: float = 20.0) -> dict[str, int]:
+    """The runs a death would strand, as soon as there are some; {} once all are finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = caught(db, run_ids)
+        if held:
+            return held
+        if all(get_run(db, r).status == "done" for r in run_ids):
+            return {}
+        await asyncio.sleep(0.05)
+    return {}
+
+
 async def moved_on(db: Database, held: dict[str, int], since: float) -> list[float]:
     """Seconds until each held run's version moved, measured from `since`."""
     delays: dict[str, float] = {}
@@ -119,8 +142,10 @@ async def test_forty_runs_finish_once_each_though_their_worker_is_killed_again_a
 
         # When the worker is SIGKILLed five times, each time a supervisor starts another
         for _ in range(5):
-            await asyncio.sleep(2.0)
-            held = caught(db, run_ids)
+            # Kill the moment runs are caught mid-turn (not on a clock that may miss them).
+            held = await until_caught(db, run_ids)
+            if not held:
+                break  # every run finished already
             spare_workers.kill(spare)
             killed_at = time.monotonic()
             spare = spare_workers.restart(spare)
@@ -134,7 +159,7 @@ async def test_forty_runs_finish_once_each_though_their_worker_is_killed_again_a
 
         # ... and all 40 finished, no transcript duplicated
         for run_id in run_ids:
-            check_transcript(durable, db, await client.result(run_id, wait=True, timeout=120))
+            check_transcript(durable, db, await finished(client, run_id))
         host.cancel()
 
 
