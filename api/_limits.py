@@ -27,7 +27,8 @@ __all__ = ["AsciiJSON", "BodyLimit", "TooLarge", "body_limit", "invalid_body"]
 
 # Room for the envelope ({"ok": ..., "partial": ...}) and for JSON escapes:
 # an escaped character (`\u00e9`, or a surrogate pair for an emoji) makes a body
-# up to 3x the UTF-8 answer it carries (12 bytes for a 4-byte character). Above the limit but within this, the store says 413.
+# up to 3x the UTF-8 answer it carries (12 bytes for a 4-byte character).
+# Above the limit but within this, the store says 413.
 _ESCAPES = 3
 _ENVELOPE = 64 * 1024
 
