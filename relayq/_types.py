@@ -41,7 +41,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class _Wire(BaseModel):
+class WireModel(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
         validate_by_name=True,
@@ -51,7 +51,7 @@ class _Wire(BaseModel):
     )
 
 
-class Request(_Wire):
+class Request(WireModel):
     """What a suspended run asks of its host: approve this, answer that, run these calls.
 
     Wire shape: `{id, kind, prompt, url?, data, expiresAt?}`.
@@ -79,7 +79,7 @@ class Request(_Wire):
         return out
 
 
-class Answer(_Wire):
+class Answer(WireModel):
     """The host's reply to one Request. Wire shape: `{id, ok, data?, reason?}`.
 
     Parsed strictly, the same for the Python client, the CLI and the HTTP API:
@@ -120,7 +120,7 @@ class Answer(_Wire):
         return out
 
 
-class ToolResult(_Wire):
+class ToolResult(WireModel):
     """What one tool call produced. Wire shape: `{output, isError}`."""
 
     output: str
@@ -131,7 +131,7 @@ class ToolResult(_Wire):
         return cls(output=message, is_error=True)
 
 
-class Usage(_Wire):
+class Usage(WireModel):
     """Tokens spent on model calls."""
 
     prompt_tokens: int = 0
@@ -146,7 +146,7 @@ class Usage(_Wire):
         )
 
 
-class ToolCallRecord(_Wire):
+class ToolCallRecord(WireModel):
     """One tool call of a run and the result it ended with."""
 
     id: str
@@ -158,7 +158,7 @@ class ToolCallRecord(_Wire):
     is_error: bool = False
 
 
-class RunResult(_Wire):
+class RunResult(WireModel):
     """How a run ended, or where it halted."""
 
     status: RunStatus

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError
 
 from relayq._errors import AnswerMismatch
 from relayq._tools import Tool
-from relayq._types import Answer, Request, ToolResult, _Wire
+from relayq._types import Answer, Request, ToolResult, WireModel
 
 __all__ = [
     "RELAY_KIND",
@@ -35,7 +35,7 @@ __all__ = [
 RELAY_KIND = "tool_call"
 
 
-class RelayCall(_Wire):
+class RelayCall(WireModel):
     """One relayed call: wire shape `{id, name, input, arguments}`."""
 
     id: str
@@ -47,7 +47,7 @@ class RelayCall(_Wire):
     """The arguments exactly as the model sent them."""
 
 
-class RelayResult(_Wire):
+class RelayResult(WireModel):
     """The host's result for one relayed call: wire shape `{id, output, isError}`."""
 
     id: str

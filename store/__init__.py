@@ -4,18 +4,10 @@ SQLite (WAL) at `.relayq/relayq.db` by default; PostgreSQL via `RELAYQ_DATABASE_
 Everything here is plain functions over a `Database`; nothing imports Celery.
 """
 
-from store.answers import (
-    Accepted,
-    StoredRequest,
-    accept_answer,
-    apply_answer_of,
-    cancel_run,
-    expire_requests,
-    get_request,
-    list_requests,
-)
+from store.answers import Accepted, accept_answer, apply_answer_of, expire_requests
 from store.db import Database, default_database_url
 from store.errors import StaleClaim, UnknownRun
+from store.ledger import ledger_get, ledger_put, ledger_start
 from store.maintenance import Recovery, SweepReport, sweep
 from store.migrate import migrate
 from store.models import (
@@ -27,26 +19,18 @@ from store.models import (
     RunRow,
     WorkerRow,
 )
-from store.runs import (
+from store.queries import get_run, list_runs, run_result, settled, transcript
+from store.requests import StoredRequest, get_request, list_requests, request_of
+from store.runs import cancel_run, create_run, create_runs
+from store.turns import (
     Claim,
     cancel_requested,
     claim_turn,
-    create_run,
-    create_runs,
     fail_run,
     finish_cancelled,
     finish_turn,
-    get_run,
-    ledger_get,
-    ledger_put,
-    ledger_start,
-    list_runs,
-    request_of,
     retry_turn,
-    run_result,
     save_reply,
-    settled,
-    transcript,
 )
 from store.workers import beat, forget_worker
 

@@ -1,24 +1,21 @@
 """Answers: accept one (once), apply it to the transcript, expire and cancel requests.
 
 Accepting and applying are two transactions. `accept_answer` runs where the
-host is: it validates against the stored transcript, moves the request
-`open -> answered` with a compare-and-swap (so of two concurrent answers
-exactly one wins) and queues the answer task. `apply_answer_of` runs in that
-task: it writes the results into the transcript and queues the next turn.
+host is: it checks the answer against the stored request (its calls, matched
+by id), moves the request `open -> answered` under the run's lock (so of two
+concurrent answers exactly one wins) and queues the answer task.
+`apply_answer_of` runs in that task: it applies the answer to the transcript,
+once, replacing the placeholders, and queues the next turn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
 from sqlmodel import Session, col, select
 
-from relayq import Answer, CallAnswered, Request, RequestClosed, UnknownRequest
-from relayq import _transcript as tx
+from relayq import Answer, CallAnswered, Request, RequestClosed, ResumeError, UnknownRequest
 from relayq.limits import check_answer
 from relayq.loop import apply_answer
 from relayq.relay import (
@@ -30,51 +27,14 @@ from relayq.relay import (
     relay_results_of,
 )
 from store.db import Database
-from store.errors import UnknownRun
-from store.models import FINISHED, OutboxRow, RequestRow, RunRow, utcnow
+from store.messages import conversation, write_messages
+from store.models import OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
-from store.runs import _cancel, _conversation, _label, _write_messages, request_of
+from store.requests import cancel_requests, request_of
+from store.runs import cancel_locked, label_of
 from store.transitions import move
 
-__all__ = [
-    "Accepted",
-    "StoredRequest",
-    "accept_answer",
-    "apply_answer_of",
-    "cancel_run",
-    "expire_requests",
-    "get_request",
-    "list_requests",
-]
-
-
-class StoredRequest(BaseModel):
-    """A request as the store keeps it: the wire Request plus who, when and what became of it."""
-
-    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, frozen=True)
-
-    request: Request
-    run_id: str
-    agent: str
-    status: str
-    """open | answered | expired | cancelled"""
-    created_at: datetime
-    answer: Answer | None = None
-    answered_by: str | None = None
-    answered_at: datetime | None = None
-
-
-def _stored(row: RequestRow) -> StoredRequest:
-    return StoredRequest(
-        request=request_of(row),
-        run_id=row.run_id,
-        agent=row.agent,
-        status=row.status,
-        created_at=row.created_at,
-        answer=Answer.model_validate(row.answer) if row.answer else None,
-        answered_by=row.answered_by,
-        answered_at=row.answered_at,
-    )
+__all__ = ["Accepted", "accept_answer", "apply_answer_of", "expire_and_count", "expire_requests"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,10 +64,7 @@ def accept_answer(
         request = request_of(row)
         previous = Answer.model_validate(row.answer) if row.answer else None
         merged = _merge(request, previous, answer)
-        after = apply_answer(
-            _conversation(s, run.conversation_id), request, merged, partial=partial, now=now
-        )
-        complete = all(r.id != row.id for r in tx.open_requests(after))
+        complete = _complete(request, merged, partial=partial)
         row.answer = merged.model_dump(mode="json")
         row.answered_by = answered_by
         row.revision += 1
@@ -150,6 +107,20 @@ def _check_open(s: Session, row: RequestRow, now: datetime) -> None:
         raise RequestClosed(row.id, "cancelled", f"run {row.run_id} of request {row.id} is {state}")
 
 
+def _complete(request: Request, answer: Answer, *, partial: bool) -> bool:
+    """Whether `answer` leaves no call of `request` without a result; AnswerMismatch if
+    it does not fit the request's calls.
+
+    The request row holds the calls its transcript waits on, so the answer is
+    checked here against the row alone, and applied to the transcript only once,
+    by the answer task.
+    """
+    if not is_relay_request(request):
+        return True
+    results = relay_results_of(request, answer, partial=partial)
+    return all(c.id in results for c in relay_calls_of(request))
+
+
 def _merge(request: Request, previous: Answer | None, answer: Answer) -> Answer:
     """One answer from earlier partial results and this one; a call answered twice is refused."""
     if previous is None or not is_relay_request(request):
@@ -189,13 +160,22 @@ def apply_answer_of(db: Database, request_id: str) -> list[OutboxRow]:
         row.applied = True
         if run is None or run.status != "pending":
             return []
-        before = _conversation(s, run.conversation_id)
+        before = conversation(s, run.conversation_id)
         # The answer was accepted in time; its moment of acceptance is what counts.
         moment = row.created_at
-        after = apply_answer(before, request_of(row), Answer.model_validate(row.answer), now=moment)
-        _write_messages(s, run, before, after)
+        answer = Answer.model_validate(row.answer)
+        try:
+            after = apply_answer(before, request_of(row), answer, now=moment)
+        except ResumeError as exc:
+            # Checked against the request when accepted, so only a transcript
+            # changed behind the store's back gets here: the run stops, saying why,
+            # rather than wait for an answer it already has.
+            move(s, run, "failed", now=utcnow(), error=f"answer to {row.id} not applied: {exc}")
+            cancel_requests(s, run.id)
+            return []
+        write_messages(s, run.conversation_id, run.id, before, after)
         move(s, run, "queued", now=utcnow())
-        return [enqueue_turn(s, run.id, run.version, label=_label(run))]
+        return [enqueue_turn(s, run.id, run.version, label=label_of(run))]
 
 
 def expire_requests(
@@ -231,7 +211,7 @@ def expire_and_count(
             if run is None and s.get(RunRow, row.run_id) is not None:
                 continue
             if run is not None and row.on_expiry == "cancel":
-                _cancel(s, run, moment)
+                cancel_locked(s, run, moment)
                 row.status = "expired"
                 row.applied = True  # nothing left to apply: the run is cancelled
                 continue
@@ -247,47 +227,3 @@ def expire_and_count(
             row.answered_by = "relayq:expiry"
             outbox.append(enqueue_answer(s, row.id, row.run_id))
     return outbox, len(due)
-
-
-def cancel_run(db: Database, run_id: str) -> str:
-    """Ask a run to stop. Queued and pending runs stop now; a running one at its next boundary."""
-    now = utcnow()
-    with db.write() as s:
-        run = s.get(RunRow, run_id, with_for_update=True)
-        if run is None:
-            raise UnknownRun(run_id)
-        if run.status in FINISHED:
-            return run.status
-        run.cancel_requested = True
-        run.updated_at = now
-        if run.status in ("queued", "pending"):
-            _cancel(s, run, now)
-        return run.status
-
-
-def get_request(db: Database, request_id: str) -> StoredRequest:
-    with db.read() as s:
-        row = s.get(RequestRow, request_id)
-    if row is None:
-        raise UnknownRequest(request_id)
-    return _stored(row)
-
-
-def list_requests(
-    db: Database,
-    *,
-    status: str | None = "open",
-    run_id: str | None = None,
-    agent: str | None = None,
-    kind: str | None = None,
-    limit: int = 100,
-) -> list[StoredRequest]:
-    """Requests, newest first."""
-    query = select(RequestRow)
-    filters: dict[str, Any] = {"status": status, "run_id": run_id, "agent": agent, "kind": kind}
-    for name, value in filters.items():
-        if value is not None:
-            query = query.where(getattr(RequestRow, name) == value)
-    query = query.order_by(col(RequestRow.created_at).desc()).limit(limit)
-    with db.read() as s:
-        return [_stored(row) for row in s.exec(query)]

@@ -34,8 +34,8 @@ from store.outbox import (
     resend,
     unpublished,
 )
-from store.runs import _label
-from store.transitions import ONE_MORE_ATTEMPT, move
+from store.runs import label_of
+from store.transitions import ONE_MORE_CRASH, move
 from store.workers import WORKER_TIMEOUT, live_workers, prune_workers
 
 __all__ = ["Recovery", "SweepReport", "sweep"]
@@ -119,9 +119,9 @@ def _requeue_abandoned(
         if run.worker is None and (run.lease_until is None or run.lease_until >= now):
             continue
         # Its worker died holding it: that try counts.
-        move(s, run, "queued", now=now, attempts=ONE_MORE_ATTEMPT)
+        move(s, run, "queued", now=now, crashes=ONE_MORE_CRASH)
         report.requeued.append(run.id)
-        report.outbox.append(enqueue_turn(s, run.id, run.version, label=_label(run)))
+        report.outbox.append(enqueue_turn(s, run.id, run.version, label=label_of(run)))
 
 
 def _latest_rows(s: Session, task: str, run_ids: list[str]) -> dict[str, OutboxRow]:

@@ -73,6 +73,8 @@ class RunRow(SQLModel, table=True):
     error: str | None = None
     attempts: int = 0
     """Model-call failures in a row; a turn that succeeds resets it."""
+    crashes: int = 0
+    """Workers that died holding this turn; a turn that finishes resets it."""
     cancel_requested: bool = False
     claimed_by: str | None = None
     """The task id holding the current claim; a redelivery of that task may take it over."""

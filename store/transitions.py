@@ -6,6 +6,7 @@
               worker dead-->      queued
     running --turn ended-->       pending | done | incomplete | failed | cancelled
     pending --answer applied-->   queued
+    pending --answer unusable-->  failed      (its transcript changed behind the store)
     queued  --cancel-->           cancelled
     pending --cancel, expiry-->   cancelled
 
@@ -35,6 +36,7 @@ __all__ = [
     "TRANSITIONS",
     "IllegalTransition",
     "ONE_MORE_ATTEMPT",
+    "ONE_MORE_CRASH",
     "RunStatus",
     "allowed",
     "move",
@@ -59,6 +61,7 @@ TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
         ("running", "failed"),
         ("running", "cancelled"),
         ("pending", "queued"),
+        ("pending", "failed"),
         ("queued", "cancelled"),
         ("pending", "cancelled"),
     }
@@ -143,4 +146,6 @@ def move(s: Session, run: RunRow, to: str, *, now: datetime, **values: Any) -> N
 
 
 ONE_MORE_ATTEMPT = _RUNS.c.attempts + 1
-"""For `move(..., attempts=ONE_MORE_ATTEMPT)`: a try that counts."""
+"""For `move(..., attempts=ONE_MORE_ATTEMPT)`: a failed try of the model call."""
+ONE_MORE_CRASH = _RUNS.c.crashes + 1
+"""For `move(..., crashes=ONE_MORE_CRASH)`: the turn's worker died holding it."""

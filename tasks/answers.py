@@ -23,4 +23,4 @@ async def apply_answer(rt: Runtime, request_id: str) -> str:
 def submit_answer(self: Task, request_id: str) -> str:
     """Apply the stored answer of `request_id`; a second delivery finds it applied and stops."""
     rt = Runtime.current(self.app)
-    return str(rt.submit(apply_answer(rt, request_id)))
+    return rt.wait(apply_answer(rt, request_id))

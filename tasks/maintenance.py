@@ -28,11 +28,11 @@ async def _cancel(rt: Runtime, run_id: str) -> str:
 def sweep(self: Task) -> str:
     """Re-send lost messages, re-queue runs whose worker vanished, expire overdue requests."""
     rt = Runtime.current(self.app)
-    return str(rt.submit(_sweep(rt)))
+    return rt.wait(_sweep(rt))
 
 
 @shared_task(name=CANCEL_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)
 def cancel_run(self: Task, run_id: str) -> str:
     """Cancel a run: at once if it waits, at its next turn or tool boundary if it runs."""
     rt = Runtime.current(self.app)
-    return str(rt.submit(_cancel(rt, run_id)))
+    return rt.wait(_cancel(rt, run_id))

@@ -5,9 +5,9 @@ so hundreds of model calls wait at once without a thread each. The store's
 calls are blocking: on SQLite they run inline (each takes a fraction of a
 millisecond, waiting at most on another process's commit), on PostgreSQL in a
 thread pool.
-Under the asyncio pool (`workers.aio`) a task body only *defers* its
-coroutine and the pool acknowledges the message when the coroutine ends;
-under a classic pool the body runs the coroutine on the loop and waits.
+A task body waits for its coroutine (`Runtime.wait`): under a classic pool
+it runs it on the loop; under the asyncio pool (`workers.aio`) it hands it
+to the pool and sleeps in its greenlet until the pool wakes it with the outcome.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 from celery import Celery, current_app
+from greenlet import getcurrent  # type: ignore[import-untyped]
 
 from relayq.agents import Agent, UnknownAgent, load_agents, registered_agents
 from store import Database, OutboxRow, beat, forget_worker, migrate, sweep
@@ -291,8 +292,20 @@ class Runtime:
             None, functools.partial(fn, *args, **kwargs)
         )
 
-    def submit(self, work: Coroutine[Any, Any, T]) -> T | str:
-        """Defer `work` to the asyncio pool, or run it here and wait."""
-        if defer(work):
-            return "deferred to the event loop"
-        return self.loop.run(work)
+    def wait(self, work: Coroutine[Any, Any, T]) -> T:
+        """What `work` returned, or its exception raised here, in a task body.
+
+        So Celery's tracer reports the task as it went: `task_prerun` before the
+        work, `task_success` (with the runtime) or `task_failure` after it, on any
+        pool. Under a classic pool the body runs the work on the process's loop and
+        waits. Under the asyncio pool (`workers.aio`) the body runs in a greenlet of
+        the consumer's thread: it hands the work to the pool (`defer`) and sleeps,
+        blocking nothing, until the pool wakes it with the result or the exception.
+        """
+        if not defer(work):
+            return self.loop.run(work)
+        pool = getcurrent().parent
+        if pool is None:
+            raise RuntimeError("a task body deferred its work to a caller that cannot wake it")
+        result: T = pool.switch()
+        return result

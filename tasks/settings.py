@@ -22,6 +22,7 @@ the deployment's. An empty value counts as unset.
 | `RELAYQ_AGENTS` | (none) | comma-separated modules that define the agents |
 | `RELAYQ_TURN_TIME_LIMIT` | `600` | seconds one turn may take before it is stopped |
 | `RELAYQ_MODEL_RETRIES` | `5` | retries of a failing model call before the run fails |
+| `RELAYQ_CRASH_LIMIT` | `10` | worker deaths one turn survives before its run fails |
 | `RELAYQ_RETRY_BASE` | `1.0` | first retry's backoff in seconds; doubles, up to 60 |
 | `RELAYQ_HEARTBEAT_EVERY` | `2` | seconds between a worker process's heartbeats |
 | `RELAYQ_WORKER_TIMEOUT` | `10` | seconds without a heartbeat before a worker counts as dead |
@@ -168,6 +169,10 @@ class Settings:
     """Seconds a turn may take: Celery's soft time limit, and each agent's default."""
     model_retries: int
     """Retries of a failing model call before the run fails, unless the agent sets its own."""
+    crash_limit: int
+    """Times a turn is taken over from a dead worker before its run fails: a turn that
+    kills its worker every time must not take workers down forever, and a worker
+    killed for other reasons (a deploy, the OOM killer) must not fail the runs it held."""
     retry_base: float
     pool: str
     concurrency: int | None
@@ -214,6 +219,7 @@ class Settings:
             agents=src.text("agents", ""),
             turn_time_limit=src.seconds("turn_time_limit", 600),
             model_retries=src.count("model_retries", 5),
+            crash_limit=src.count("crash_limit", 10),
             retry_base=src.seconds("retry_base", 1.0),
             pool=src.text("pool", "asyncio"),
             concurrency=src.read("concurrency", None, _count(1)),

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Retry
 from celery.signals import worker_ready
-from greenlet import getcurrent  # type: ignore[import-untyped]
 
 from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult
 from relayq._retry import backoff
@@ -44,10 +41,10 @@ from store import (
     save_reply,
 )
 from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
-from tasks.runtime import Runtime, defer
+from tasks.runtime import Runtime
 from tasks.settings import Settings
 
-__all__ = ["TaskRef", "TurnFailed", "drive_turn", "run_turn"]
+__all__ = ["Outcome", "TaskRef", "TurnFailed", "drive_turn", "run_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +203,22 @@ def _time_limit(settings: Settings, agent: Agent) -> float:
     return min(settings.time_limit_of(agent), soft - min(5.0, soft / 4))
 
 
-async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> str:
-    """Run one turn; returns what happened, in a few words, for Flower."""
+@dataclass(frozen=True)
+class Outcome:
+    """What one delivery of a turn did: a few words for Flower, and, when the turn
+    gave its run back to be tried again, the backoff it was re-sent with."""
+
+    summary: str
+    retry_in: float | None = None
+    turn: Turn | None = None
+    """The turn taken, when this delivery took one to its end."""
+
+    def __str__(self) -> str:
+        return self.summary
+
+
+async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> Outcome:
+    """Run one turn; returns what happened."""
     task_id = task.id if task is not None else None
     claim = await rt.io(
         claim_turn,
@@ -220,7 +231,7 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
         worker_timeout=rt.settings.worker_timeout,
     )
     if claim is None:
-        return "skipped: stale or duplicate message"
+        return Outcome("skipped: stale or duplicate message")
     rt.holding[run_id] = claim.version
     try:
         return await _drive(rt, task, claim)
@@ -228,11 +239,11 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
         rt.holding.pop(run_id, None)
 
 
-async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
+async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
     run_id = claim.run_id
-    if claim.attempts > rt.settings.retries_of(rt.known_agent(claim.agent)):
-        # The turn keeps killing its worker (retries of model errors stop before this).
-        error = f"the worker died {claim.attempts} times running this turn; giving up"
+    if claim.crashes > rt.settings.crash_limit:
+        # The turn keeps killing its worker.
+        error = f"the worker died {claim.crashes} times running this turn; giving up"
         await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(run_id, error)
     try:
@@ -251,10 +262,10 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
             queue=agent.queue,
         )
     except StaleClaim:
-        return "skipped: lost the claim"
+        return Outcome("skipped: lost the claim")
     except RunCancelled:
         await rt.io(finish_cancelled, rt.db, claim)
-        return "cancelled"
+        return Outcome("cancelled")
     except (ModelError, TimeoutError) as exc:
         return await _retry_or_fail(rt, task, claim, exc)
     except Exception as exc:
@@ -263,10 +274,12 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> str:
         raise TurnFailed(run_id, error) from None
     _progress(task, claim, "saved")
     await rt.publish(outbox)
-    return turn.status
+    return Outcome(turn.status, turn=turn)
 
 
-async def _retry_or_fail(rt: Runtime, task: TaskRef | None, claim: Claim, exc: Exception) -> str:
+async def _retry_or_fail(
+    rt: Runtime, task: TaskRef | None, claim: Claim, exc: Exception
+) -> Outcome:
     retryable = isinstance(exc, TimeoutError) or (isinstance(exc, ModelError) and exc.retryable)
     error = _describe(exc)
     agent = rt.known_agent(claim.agent)
@@ -292,10 +305,13 @@ async def _retry_or_fail(rt: Runtime, task: TaskRef | None, claim: Claim, exc: E
             queue=row.queue,
             countdown=countdown,
             retries=task.request.retries + 1,
+            # Flower's label for the turn, as the first send had it (`tasks.publish`).
+            argsrepr=row.label,
+            kwargsrepr="{}",
         )
         await rt.io(retry.apply_async)
         await rt.io(mark_published, rt.db, [row])
-    return f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}"
+    return Outcome(f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}", countdown)
 
 
 def _describe(exc: BaseException) -> str:
@@ -311,39 +327,16 @@ def _describe(exc: BaseException) -> str:
     return describe_error(exc)
 
 
-_RETRIED = re.compile(r"retry \d+ in (?P<countdown>\d+(?:\.\d+)?) s: ")
-"""What `_retry_or_fail` returns once it has re-sent the task."""
-
-
 @shared_task(
     name=TURN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, queue=TURN_QUEUE
 )
 def run_turn(self: Task, run_id: str, version: int) -> str:
     """One model turn of run `run_id`, if the run is still at `version`."""
     rt = Runtime.current(self.app)
-    summary = _wait_for(rt, drive_turn(rt, TaskRef(self, self.request), run_id, version))
-    retried = _RETRIED.match(summary)
-    if retried:
+    outcome = rt.wait(drive_turn(rt, TaskRef(self, self.request), run_id, version))
+    if outcome.retry_in is not None:
         # `_retry_or_fail` has re-sent this task (same id, retries + 1): Celery hears
         # of it as of its own `Task.retry`, so the `task_retry` signal and the
         # task-retried event fire, and the message is acknowledged.
-        raise Retry(summary, when=float(retried["countdown"]))
-    return summary
-
-
-def _wait_for(rt: Runtime, work: Coroutine[Any, Any, str]) -> str:
-    """What the turn returned, or its exception raised here, in the task body.
-
-    So Celery's tracer reports the turn as it went: `task_prerun` before it,
-    `task_success` (with the runtime) or `task_failure` after it, on either pool.
-    Under a classic pool the body runs the turn on the process's loop and waits.
-    Under the asyncio pool (`workers.aio`) the body runs in a greenlet of the
-    consumer's thread: it hands the turn to the pool (`defer`) and sleeps, blocking
-    nothing, until the pool wakes it with the turn's result or exception.
-    """
-    if not defer(work):
-        return rt.loop.run(work)
-    pool = getcurrent().parent
-    if pool is None:  # deferred by a caller that does not wake bodies: it reports the turn
-        return "deferred to the event loop"
-    return str(pool.switch())
+        raise Retry(outcome.summary, when=outcome.retry_in)
+    return outcome.summary

@@ -16,9 +16,10 @@ coroutine ends. So the tracer sees what the turn really did: `task_prerun`
 before it, `task_success` with its result and runtime, `task_failure` with its
 exception, `task_retry` for a retry, then `task_postrun`; and the pool hands
 Celery the tracer's outcome, from which Celery's request sends the task events
-and acknowledges the message, as under prefork. A body that only defers and
-returns (the answer, cancel and sweep tasks) is reported done when its
-coroutine ends, but Celery's signals fire when the body returns.
+and acknowledges the message, as under prefork. Every relayq task waits so
+(`tasks.runtime.Runtime.wait`). A body that only defers and returns is
+reported done when its coroutine ends, but Celery's signals fire when the body
+returns.
 
 Guarantees are those of the durable tasks, unchanged: the claim, the
 ledger and the outbox live in the store; the message stays unacknowledged

@@ -181,6 +181,19 @@ crashy = Agent(
 )
 
 
+# A turn whose tool kills the worker process every time it runs.
+def doom(args: dict[str, Any], ctx: ToolContext) -> str:
+    note("tool", f"doom {ctx.run_id}")
+    os._exit(1)
+
+
+def doomed_model(req: InProcessRequest) -> InProcessResponse:
+    return calls(("c1", "doom"))
+
+
+doomed = Agent("doomed", doomed_model, tools=[define_tool("doom", "d", None, doom)])
+
+
 # A model that is rate limited twice per prompt, and one that always is.
 def flaky_model(req: InProcessRequest) -> InProcessResponse:
     if note("model", prompt_of(req)) <= 2:

@@ -12,6 +12,7 @@ failure instead of a skip or the embedded broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import signal
@@ -95,6 +96,19 @@ def _postgres_url(name: str) -> str:
     return f"{base}/{name}"
 
 
+@contextlib.contextmanager
+def _postgres_database() -> Iterator[str]:
+    """A database of its own on the test server, dropped afterwards."""
+    admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=2)
+    name = f"relayq_test_{uuid.uuid4().hex[:12]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _postgres_url(name)
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
 @pytest.fixture(
     scope="session", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 )
@@ -113,13 +127,20 @@ def database_url(
             "postgres",
             f"no PostgreSQL server at {PG_ADMIN} (start one, or set RELAYQ_TEST_POSTGRES)",
         )
-    name = f"relayq_test_{uuid.uuid4().hex[:12]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _postgres_url(name)
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+    admin.close()
+    with _postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def private_database(database_url: str, tmp_path: Path) -> Iterator[str]:
+    """A database of the session's kind that no other worker sweeps: for a test whose
+    runs must never reach the session's worker (one that kills every worker it meets)."""
+    if database_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'private.db'}"
+        return
+    with _postgres_database() as url:
+        yield url
 
 
 @dataclass

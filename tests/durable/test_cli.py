@@ -18,7 +18,7 @@ from typer.testing import CliRunner, Result
 from cli.main import app
 from relayq import RunResult
 from store import get_request, list_requests, list_runs, run_result
-from store.answers import StoredRequest
+from store.requests import StoredRequest
 from tests.processes import stop_group
 
 from .conftest import ROOT, Durable

@@ -17,7 +17,7 @@ fails when Celery changes what the pool counts on:
   again (the tracer sent it);
 - `Request.cancel` calls `terminate(signal)` on what `apply_async` returned.
 
-The contract between the pool and a body (`tasks.turns._wait_for`): the body
+The contract between the pool and a body (`tasks.runtime.Runtime.wait`): the body
 defers its coroutine (`tasks.runtime.defer`), then switches to its greenlet's
 parent; it wakes with the coroutine's result, or with its exception raised.
 """
@@ -44,7 +44,7 @@ from workers.aio import AsyncioPool, requests_kept_apart
 
 
 def _wait(work: Coroutine[Any, Any, Any]) -> Any:
-    """A body's side of the contract (as `tasks.turns._wait_for` under the pool)."""
+    """A body's side of the contract (as `tasks.runtime.Runtime.wait` under the pool)."""
     assert defer(work), "the pool defers"
     return getcurrent().parent.switch()
 

@@ -61,6 +61,30 @@ async def test_a_turn_whose_worker_died_finishes_once_a_new_worker_starts(
     _check_resumed_not_repeated(durable, prompt, res)
 
 
+async def test_a_turn_that_kills_its_worker_every_time_fails_after_the_crash_limit(
+    durable: Durable, spare_workers: SpareWorkers, private_database: str, prompt: str
+):
+    # Given a prefork worker allowed 2 crashes per turn, on a database of its own
+    # (the session's worker sweeps the shared one and would take the run over),
+    # and a turn whose tool kills the pool process every time it runs
+    spare = spare_workers.start(
+        RELAYQ_POOL="prefork", RELAYQ_CRASH_LIMIT="2", RELAYQ_DATABASE_URL=private_database
+    )
+
+    # When the run starts, and its turn is taken over after each death
+    async with DurableClient(settings=spare.settings) as client:
+        res = await client.run("doomed", prompt, timeout=60)
+
+    # Then the turn ran 3 times (the first try and 2 takeovers), and the run
+    # failed, saying why, rather than taking workers down forever
+    assert res.run_id is not None
+    assert (res.status, res.error) == (
+        "failed",
+        "the worker died 3 times running this turn; giving up",
+    )
+    assert durable.count("tool", f"doom {res.run_id}") == 3
+
+
 async def test_a_duplicate_turn_message_is_skipped_and_the_run_finishes_once(
     durable: Durable,
     client: DurableClient,

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 import tests.durable.signal_agents  # noqa: F401  (the host knows the agents, as a real one would)
+from relayq.relay import answer_output
 from store import get_run
 from tasks import DurableClient
 from tests.processes import stop_group
@@ -65,10 +66,7 @@ class Watched:
         return [t["at"] for t in lines if t["kind"] == kind and t["key"] == key]
 
     async def flower_task(self, task_id: str, state: str) -> dict[str, Any] | None:
-        """The task as Flower shows it, once it is in `state`.
-
-        By id: a retried turn's label (its `argsrepr`) is not Flower's to match on.
-        """
+        """The task as Flower shows it, by id, once it is in `state`."""
         try:
             task: dict[str, Any] = await self.flower.get(f"/api/task/info/{task_id}")
         except httpx.HTTPStatusError:  # 404 until Flower has seen it
@@ -215,6 +213,8 @@ async def test_a_retried_turn_signals_each_retry_and_flower_sees_them(
     )
     assert task["retried"] is not None
     assert task["retries"] == 2
+    # ... under the turn's label, as each retry's message carries it
+    assert task["args"] == f"run={run_id} agent=flaky turn=1"
 
 
 async def test_a_turn_past_its_time_limit_is_retried_with_backoff_then_fails(
@@ -263,3 +263,29 @@ async def test_a_turn_past_its_time_limit_is_retried_with_backoff_then_fails(
     log = watched.spare.worker.logfile.read_text(errors="replace")
     assert "SoftTimeLimitExceeded" not in log
     assert "Soft time limit" not in log
+
+
+async def test_the_answer_task_signals_its_end_once_the_answer_is_applied(
+    watched: Watched, prompt: str, eventually: Eventually
+):
+    # Given a run halted on a relay call
+    async with DurableClient(settings=watched.spare.settings) as client:
+        run_id = await client.start("lookup", prompt)
+        halted = await client.result(run_id, wait=True, timeout=30)
+        assert halted.pending is not None
+
+        # When the host answers it (the answer task applies it on the worker)
+        await client.submit_answer(answer_output(halted.pending.id, "found"))
+        res = await client.result(run_id, wait=True, timeout=30)
+    assert res.status == "done", res.error
+
+    # Then the answer task's success came with what it did, not "deferred": the
+    # signals fire when its work ends, as a turn's do
+    request_id = halted.pending.id
+    seen = await eventually(lambda: watched.ended(request_id), what="the answer task's signals")
+    assert _names(seen) == ["prerun", "success", "postrun"]
+    assert seen[1]["result"] == "resumed"
+    task = await eventually(
+        lambda: watched.flower_task(seen[1]["task_id"], "SUCCESS"), what="flower to see it"
+    )
+    assert task["result"] == "'resumed'"

@@ -1,11 +1,14 @@
-"""A worker in miniature: runs one stored turn the way a durable worker does.
+"""The worker's own turn driver and journal (`tasks.turns`) on the store, with no broker.
 
-claim_turn -> take_turn (journaling to the store) -> finish_turn, with real
-toolkits and scripted models. Plus small readers of the tables for asserting.
+`run_turn` takes one stored turn through `drive_turn` (claim, the turn
+journaled by `StoreJournal`, finish) with real toolkits and scripted models;
+its messages stay in the outbox for the tests to read. Plus small readers of
+the tables for asserting.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -15,17 +18,16 @@ from sqlmodel import SQLModel, col, select
 from relayq import (
     BuiltinsConfig,
     InProcessResponse,
-    Request,
     Tool,
     ToolContext,
     Toolkit,
-    ToolResult,
     Usage,
     create_toolkit,
     define_tool,
 )
 from relayq._model import Model, as_model
-from relayq.loop import Journal, Turn, take_turn
+from relayq.agents import Agent, OnExpiry
+from relayq.loop import Turn
 from relayq.relay import relay_tool
 from store import (
     Claim,
@@ -35,24 +37,20 @@ from store import (
     OutboxRow,
     RequestRow,
     RunRow,
-    claim_turn,
     create_run,
-    finish_turn,
     get_run,
-    ledger_get,
-    ledger_put,
-    ledger_start,
-    save_reply,
-    transcript,
 )
 from store.outbox import ANSWER_TASK, TURN_TASK
+from tasks.runtime import Runtime
+from tasks.settings import Settings
+from tasks.turns import StoreJournal, drive_turn
 from tests.relayq.scripted import Script, call, text
 
 __all__ = [
     "ANSWER_TASK",
     "LEASE",
     "TURN_TASK",
-    "StoreJournal",
+    "journal",
     "halt_on_relay",
     "local_kit",
     "message_rows",
@@ -69,29 +67,24 @@ __all__ = [
 T = TypeVar("T", bound=SQLModel)
 
 LEASE = timedelta(minutes=5)
-DIGEST = "tools-digest"
 
 
-class StoreJournal(Journal):
-    """What the durable worker journals: the reply before tools, tool outcomes in the ledger."""
+class Unsent(Runtime):
+    """A worker's runtime whose messages stay in the outbox, unsent (as when the sender
+    dies before sending): the store's tests read them there, and need no broker."""
 
-    def __init__(self, db: Database, claim: Claim) -> None:
-        self.db = db
-        self.claim = claim
+    async def publish(self, rows: list[OutboxRow]) -> None:
+        pass
 
-    async def model_replied(self, messages: list[dict[str, Any]]) -> None:
-        save_reply(self.db, self.claim, messages)
 
-    async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
-        return ledger_get(self.db, self.claim.run_id, at, call_id, attempt)
+def runtime(db: Database, *agents: Agent) -> Unsent:
+    settings = Settings.from_env({"RELAYQ_HOME": tempfile.gettempdir()})
+    return Unsent(settings, db=db, agents={a.name: a for a in agents})
 
-    async def starting(self, at: int, call_id: str, attempt: str) -> int:
-        return ledger_start(self.db, self.claim.run_id, at, call_id, attempt)
 
-    async def record(
-        self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
-    ) -> None:
-        ledger_put(self.db, self.claim.run_id, at, call_id, attempt, outcome)
+def journal(db: Database, claim: Claim) -> StoreJournal:
+    """The worker's own journal of a turn held by `claim`."""
+    return StoreJournal(runtime(db), claim)
 
 
 def model_of(*replies: InProcessResponse | Callable[..., InProcessResponse]) -> Model:
@@ -141,25 +134,23 @@ async def run_turn(
     toolkit: Toolkit,
     model: Model,
     *,
-    task_id: str | None = None,
     request_ttl: timedelta | None = None,
-    on_expiry: str = "error",
+    on_expiry: OnExpiry = "error",
 ) -> Turn:
-    """Claim the queued run at its current version, take one turn, persist it."""
-    claim = claim_turn(db, run_id, get_run(db, run_id).version, task_id=task_id, lease=LEASE)
-    assert claim is not None, f"run {run_id} could not be claimed"
-    before = transcript(db, claim.conversation_id)
-    turn = await take_turn(before, toolkit, model, run_id=run_id, journal=StoreJournal(db, claim))
-    finish_turn(
-        db,
-        claim,
-        before,
-        turn,
-        tools_digest=DIGEST,
+    """Take one turn of the queued run as a worker takes it (`tasks.turns.drive_turn`),
+    with `toolkit`'s tools and `model` as its agent's."""
+    agent = Agent(
+        get_run(db, run_id).agent,
+        model,
+        tools=toolkit.tools,
         request_ttl=request_ttl,
         on_expiry=on_expiry,
+        register=False,
     )
-    return turn
+    rt = runtime(db, agent)
+    outcome = await drive_turn(rt, None, run_id, get_run(db, run_id).version)
+    assert outcome.turn is not None, f"run {run_id} took no turn: {outcome}"
+    return outcome.turn
 
 
 async def halt_on_relay(
@@ -168,7 +159,7 @@ async def halt_on_relay(
     run_id: str = "run_1",
     conversation_id: str | None = None,
     request_ttl: timedelta | None = None,
-    on_expiry: str = "error",
+    on_expiry: OnExpiry = "error",
     final: str = "finished",
 ) -> tuple[Toolkit, Model, Turn]:
     """A run halted on one request carrying a relay call per id, in order.

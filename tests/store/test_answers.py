@@ -9,6 +9,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import pytest
+from sqlalchemy import delete, event
+from sqlmodel import col
 
 from relayq import Answer, ResumeError
 from relayq import _transcript as tx
@@ -25,7 +27,7 @@ from store import (
     settled,
     transcript,
 )
-from store.models import utcnow
+from store.models import MessageRow, utcnow
 
 from .driver import (
     ANSWER_TASK,
@@ -356,6 +358,58 @@ async def test_applying_an_answer_replaces_the_placeholders_and_queues_the_next_
     # And the next turn finishes the run
     assert (await run_turn(db, "run_1", kit, model)).status == "done"
     assert get_run(db, "run_1").text == "finished"
+
+
+async def test_accepting_an_answer_reads_no_transcript_it_is_applied_once_by_the_task(
+    db: Database,
+):
+    # Given a run halted on a request of two calls
+    _, _, turn = await halt_on_relay(db, "c1", "c2")
+    assert turn.pending is not None
+    halted = transcript(db, "run_1")
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    # When an answer is accepted (checked against the request's calls, by id)
+    event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        accept_answer(db, results(turn.pending.id, c1="one", c2="two"))
+        with pytest.raises(ResumeError):
+            accept_answer(db, results(turn.pending.id, c9="unknown"))
+    finally:
+        event.remove(db.engine, "before_cursor_execute", seen)
+
+    # Then the transcript was neither read nor written: however long the
+    # conversation, an answer costs the same, and only the task applies it
+    assert statements
+    assert not [s for s in statements if "relayq_messages" in s]
+    assert transcript(db, "run_1") == halted
+    apply_answer_of(db, turn.pending.id)
+    assert [(i, out) for i, out, _ in tool_results(db)] == [("c1", "one"), ("c2", "two")]
+
+
+async def test_an_answer_its_transcript_no_longer_fits_fails_the_run_saying_why(db: Database):
+    # Given an accepted answer, and a transcript changed behind the store's back
+    # (the placeholders it would replace are gone)
+    _, _, turn = await halt_on_relay(db, "c1")
+    assert turn.pending is not None
+    accept_answer(db, answer_output(turn.pending.id, "42"))
+    with db.write() as s:
+        s.execute(delete(MessageRow).where(col(MessageRow.role) == "tool"))
+
+    # When the answer task runs
+    sent = apply_answer_of(db, turn.pending.id)
+
+    # Then the run fails with the reason, rather than wait for an answer it has
+    run = get_run(db, "run_1")
+    assert sent == []
+    assert run.status == "failed"
+    assert run.error is not None
+    assert run.error.startswith(f"answer to {turn.pending.id} not applied: ")
+    assert request_rows(db)[0].applied
+    assert apply_answer_of(db, turn.pending.id) == []
 
 
 async def test_applying_an_answer_twice_queues_one_turn(db: Database):

@@ -247,7 +247,7 @@ def test_a_run_held_by_a_worker_whose_heartbeat_stopped_is_queued_again(db: Data
     assert early.requeued == []
     assert late.requeued == ["run_1"]
     run = get_run(db, "run_1")
-    assert (run.status, run.version, run.worker, run.attempts) == (
+    assert (run.status, run.version, run.worker, run.crashes) == (
         "queued",
         held.version + 1,
         None,
@@ -297,7 +297,7 @@ def test_a_redelivered_message_takes_over_a_run_whose_worker_died(db: Database):
     again = claim_turn(db, "run_1", 0, task_id="t", lease=LEASE, worker="w-other")
 
     assert again is not None
-    assert (again.taken_over, again.attempts) == (True, 1)
+    assert (again.taken_over, again.crashes, again.attempts) == (True, 1, 0)
     assert get_run(db, "run_1").worker == "w-other"
 
 

@@ -31,8 +31,8 @@ from tests.relayq.scripted import call, calls, text
 from .driver import (
     LEASE,
     TURN_TASK,
-    StoreJournal,
     halt_on_relay,
+    journal,
     local_kit,
     message_rows,
     model_of,
@@ -148,7 +148,7 @@ async def test_a_redelivered_turn_replays_the_saved_reply_and_the_ledger(db: Dat
     dead = claim_turn(db, "run_1", 0, task_id="task-1", lease=LEASE)
     assert dead is not None
     before = transcript(db, "run_1")
-    await take_turn(before, kit, model, run_id="run_1", journal=StoreJournal(db, dead))
+    await take_turn(before, kit, model, run_id="run_1", journal=journal(db, dead))
     assert runs == ["c1", "c2"]
     # (forget the second call, as if the worker died before it finished)
     with db.write() as s:
@@ -160,7 +160,7 @@ async def test_a_redelivered_turn_replays_the_saved_reply_and_the_ledger(db: Dat
     again = claim_turn(db, "run_1", 0, task_id="task-1", lease=LEASE)
     assert again is not None
     saved = transcript(db, "run_1")
-    turn = await take_turn(saved, kit, model, run_id="run_1", journal=StoreJournal(db, again))
+    turn = await take_turn(saved, kit, model, run_id="run_1", journal=journal(db, again))
     finish_turn(db, again, saved, turn, tools_digest="d")
 
     # Then the model is not asked again and only the unfinished call runs again
@@ -225,7 +225,7 @@ async def test_a_next_turn_queues_the_run_at_the_next_version_with_one_turn_mess
     assert held is not None
     before = transcript(db, "run_1")
     turn = await take_turn(
-        before, kit, model_of(calls(("c1", "work"))), run_id="run_1", journal=StoreJournal(db, held)
+        before, kit, model_of(calls(("c1", "work"))), run_id="run_1", journal=journal(db, held)
     )
     queued_before = outbox_rows(db)
 

@@ -1,0 +1,77 @@
+"""The tool-call ledger: each call's executions counted, and its outcome kept once.
+
+A row is keyed by (run, the turn's position in the transcript, call id,
+attempt) and written twice: when the call starts (`executions` counts up) and
+when it ends (`outcome`, the first one recorded standing). A turn taken over
+reads an outcome instead of running its call again.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from relayq import Request, ToolResult
+from store import statements as sql
+from store.db import Database
+from store.messages import storable_text
+from store.models import utcnow
+
+__all__ = ["ledger_get", "ledger_put", "ledger_start", "ledger_values"]
+
+
+def ledger_values(
+    run_id: str,
+    at: int,
+    call_id: str,
+    attempt: str,
+    outcome: ToolResult | Request | None,
+    *,
+    executions: int,
+    now: datetime,
+) -> dict[str, Any]:
+    kind = "request" if isinstance(outcome, Request) else "result"
+    return {
+        "run_id": run_id,
+        "at": at,
+        "call_id": storable_text(call_id),
+        "attempt": attempt,
+        "outcome": (
+            None if outcome is None else {"type": kind, "value": outcome.model_dump(mode="json")}
+        ),
+        "executions": executions,
+        "created_at": now,
+    }
+
+
+def ledger_get(
+    db: Database, run_id: str, at: int, call_id: str, attempt: str
+) -> ToolResult | Request | None:
+    with db.engine.connect() as conn:
+        outcome = conn.execute(
+            sql.LEDGER_OUTCOME,
+            {"rid": run_id, "at": at, "cid": storable_text(call_id), "attempt": attempt},
+        ).scalar_one_or_none()
+    if outcome is None:
+        return None  # never started, or started and not finished
+    if outcome.get("type") == "request":
+        return Request.model_validate(outcome["value"])
+    return ToolResult.model_validate(outcome["value"])
+
+
+def ledger_start(db: Database, run_id: str, at: int, call_id: str, attempt: str) -> int:
+    """Count one more execution of a call that has no outcome; returns its number."""
+    values = ledger_values(run_id, at, call_id, attempt, None, executions=1, now=utcnow())
+    with db.transaction() as conn:
+        return int(conn.execute(sql.ledger_start(conn.dialect.name), values).scalar_one())
+
+
+def ledger_put(
+    db: Database, run_id: str, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
+) -> bool:
+    """Record a finished tool call; returns whether the run has been asked to cancel."""
+    values = ledger_values(run_id, at, call_id, attempt, outcome, executions=1, now=utcnow())
+    with db.transaction() as conn:
+        conn.execute(sql.ledger_finish(conn.dialect.name), values)
+        cancel = conn.execute(sql.CANCEL_FLAG, {"rid": run_id}).scalar_one_or_none()
+        return cancel is None or bool(cancel)

@@ -1,0 +1,91 @@
+"""What hosts and operators read: runs, their results and transcripts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import col, select
+
+from relayq import RunResult
+from relayq import _transcript as tx
+from store.db import Database
+from store.errors import UnknownRun
+from store.messages import conversation
+from store.models import FINISHED, MessageRow, RequestRow, RunRow
+from store.requests import request_of
+
+__all__ = ["get_run", "list_runs", "run_result", "settled", "transcript"]
+
+
+def transcript(db: Database, conversation_id: str) -> list[dict[str, Any]]:
+    with db.read() as s:
+        return conversation(s, conversation_id)
+
+
+def settled(db: Database, run_id: str) -> tuple[str, bool]:
+    """The run's status, and whether a host has something to do or wait for no more.
+
+    A run is settled when it has finished, or when it is pending on an open
+    request. Pending with none open means an answer is on its way in.
+    """
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        if run.status in FINISHED:
+            return run.status, True
+        if run.status != "pending":
+            return run.status, False
+        waiting = s.exec(
+            select(RequestRow.id).where(RequestRow.run_id == run_id, RequestRow.status == "open")
+        ).first()
+        return run.status, waiting is not None
+
+
+def list_runs(
+    db: Database, *, status: str | None = None, agent: str | None = None, limit: int = 100
+) -> list[RunRow]:
+    """Runs, newest first, optionally of one status and one agent."""
+    query = select(RunRow).order_by(col(RunRow.created_at).desc(), col(RunRow.id).desc())
+    if status is not None:
+        query = query.where(RunRow.status == status)
+    if agent is not None:
+        query = query.where(RunRow.agent == agent)
+    with db.read() as s:
+        return list(s.exec(query.limit(limit)))
+
+
+def get_run(db: Database, run_id: str) -> RunRow:
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+    if run is None:
+        raise UnknownRun(run_id)
+    return run
+
+
+def run_result(db: Database, run_id: str) -> RunResult:
+    """A stored run as the same RunResult the in-process client returns."""
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        last = s.exec(
+            select(MessageRow.seq)
+            .where(MessageRow.run_id == run_id)
+            .order_by(col(MessageRow.seq).desc())
+        ).first()
+        messages = conversation(s, run.conversation_id, upto=last)
+        pending = s.exec(
+            select(RequestRow).where(RequestRow.run_id == run_id, RequestRow.status == "open")
+        ).first()
+    return RunResult(
+        status=run.status,
+        text=run.text or "",
+        tool_calls=tx.records_of(messages),
+        messages=messages,
+        pending=request_of(pending) if pending is not None and run.status == "pending" else None,
+        turns=run.turns,
+        usage=tx.usage_of(messages),
+        run_id=run.id,
+        error=run.error,
+    )

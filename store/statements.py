@@ -1,0 +1,144 @@
+"""The statements every turn runs, built once: no ORM unit of work on the turn's path.
+
+Parameters are bound by name: `:rid` the run, `:v` the version a claim holds,
+`:now`, and the few each statement names. Builders that differ per SQL dialect
+(the upserts) are cached per dialect name.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import bindparam, func
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlmodel import select
+
+from store.models import LedgerRow, MessageRow, RunRow
+from store.transitions import transition
+
+__all__ = [
+    "CANCEL_FLAG",
+    "CLAIM",
+    "CONVERSATION",
+    "LEDGER",
+    "LEDGER_OUTCOME",
+    "MESSAGES",
+    "RUNS",
+    "STILL_HELD",
+    "finish",
+    "ledger_finish",
+    "ledger_insert",
+    "ledger_start",
+    "upsert_message",
+]
+
+
+RUNS = RunRow.__table__  # type: ignore[attr-defined]
+
+
+MESSAGES = MessageRow.__table__  # type: ignore[attr-defined]
+
+
+LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
+
+
+# The statements every turn runs, built once.
+_CLAIMED = ("version", "agent", "conversation_id", "tools_digest", "attempts", "crashes", "turns")
+
+
+CLAIM = transition(
+    "queued", "running", sets=("claimed_by", "worker", "lease_until"), returning=_CLAIMED
+).where(RUNS.c.cancel_requested.is_(False))
+
+
+CONVERSATION = (
+    select(MESSAGES.c.body)
+    .where(MESSAGES.c.conversation_id == bindparam("conv"))
+    .order_by(MESSAGES.c.seq)
+)
+
+
+# The claim `v` on run `rid` still stands: the check of every write a turn makes.
+_HELD_BY = (
+    RUNS.c.id == bindparam("rid"),
+    RUNS.c.version == bindparam("v"),
+    RUNS.c.status == "running",
+)
+
+
+STILL_HELD = (
+    RUNS.update()
+    .where(*_HELD_BY)
+    .values(updated_at=bindparam("now"))
+    .returning(RUNS.c.cancel_requested)
+)
+
+
+@functools.cache
+def finish(to: str) -> Any:
+    """The claim check and the run's new state after a turn, in one statement."""
+    return transition("running", to, returning=("id",)).values(
+        tools_digest=func.coalesce(RUNS.c.tools_digest, bindparam("digest")),
+        turns=bindparam("turns"),
+        prompt_tokens=bindparam("prompt"),
+        completion_tokens=bindparam("completion"),
+        total_tokens=bindparam("total"),
+        attempts=0,
+        crashes=0,
+        error=None,
+        text=bindparam("text"),
+    )
+
+
+CANCEL_FLAG = select(RUNS.c.cancel_requested).where(RUNS.c.id == bindparam("rid"))
+
+
+LEDGER_OUTCOME = select(LEDGER.c.outcome).where(
+    LEDGER.c.run_id == bindparam("rid"),
+    LEDGER.c.at == bindparam("at"),
+    LEDGER.c.call_id == bindparam("cid"),
+    LEDGER.c.attempt == bindparam("attempt"),
+)
+
+
+def _insert(dialect: str) -> Any:
+    return (sqlite_insert if dialect == "sqlite" else postgresql_insert)(LEDGER)
+
+
+_LEDGER_KEY = ["run_id", "at", "call_id", "attempt"]
+
+
+@functools.cache
+def ledger_insert(dialect: str) -> Any:
+    return _insert(dialect).on_conflict_do_nothing()
+
+
+@functools.cache
+def ledger_start(dialect: str) -> Any:
+    stmt = _insert(dialect)
+    return stmt.on_conflict_do_update(
+        index_elements=_LEDGER_KEY, set_={"executions": LEDGER.c.executions + 1}
+    ).returning(LEDGER.c.executions)
+
+
+@functools.cache
+def ledger_finish(dialect: str) -> Any:
+    stmt = _insert(dialect)
+    # The first outcome recorded stands: a late duplicate of the call changes nothing.
+    return stmt.on_conflict_do_update(
+        index_elements=_LEDGER_KEY,
+        set_={"outcome": stmt.excluded.outcome},
+        where=LEDGER.c.outcome.is_(None),
+    )
+
+
+@functools.cache
+def upsert_message(dialect: str) -> Any:
+    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+    stmt = insert(MessageRow.__table__)  # type: ignore[attr-defined]
+    return stmt.on_conflict_do_update(
+        index_elements=["conversation_id", "seq"],
+        set_={"body": stmt.excluded.body, "role": stmt.excluded.role},
+    )

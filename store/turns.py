@@ -1,0 +1,257 @@
+"""Turns: claim a run, journal the reply, finish, retry or fail.
+
+A turn message carries `(run_id, version)`. Claiming is a compare-and-swap:
+the run must be `queued` at that version (or `running` under a claim by the
+very same task message, which a broker redelivers only when the worker that
+held it died). Every later write of the turn checks the claim still holds,
+so a turn that lost its run writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlmodel import Session
+
+from relayq import _transcript as tx
+from relayq.loop import Turn
+from store import statements as sql
+from store.db import Database
+from store.errors import StaleClaim
+from store.ledger import ledger_values
+from store.messages import conversation, storable_text, write_messages
+from store.models import OutboxRow, RunRow, utcnow
+from store.outbox import enqueue_turn
+from store.requests import cancel_requests, open_request
+from store.runs import cancel_locked, label_of
+from store.transitions import ONE_MORE_ATTEMPT, ONE_MORE_CRASH, move
+from store.workers import WORKER_TIMEOUT, holder_alive
+
+__all__ = [
+    "Claim",
+    "cancel_requested",
+    "claim_turn",
+    "fail_run",
+    "finish_cancelled",
+    "finish_turn",
+    "retry_turn",
+    "save_reply",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """A turn's hold on its run, valid while the run stays at `version`."""
+
+    run_id: str
+    version: int
+    agent: str
+    conversation_id: str
+    tools_digest: str | None
+    attempts: int
+    """Failed model calls of this turn so far."""
+    crashes: int
+    """Workers that died holding this turn so far."""
+    turns: int
+    taken_over: bool = False
+    """This delivery took the run over from one whose worker died."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The conversation's transcript as the claim found it."""
+
+
+def claim_turn(
+    db: Database,
+    run_id: str,
+    version: int,
+    *,
+    task_id: str | None,
+    lease: timedelta,
+    worker: str | None = None,
+    worker_timeout: timedelta = WORKER_TIMEOUT,
+) -> Claim | None:
+    """Take the run for one turn, or None if this message is stale or a duplicate.
+
+    A claim made by `worker` lasts while that worker's heartbeat does; one
+    made with no worker lasts `lease`.
+    """
+    now = utcnow()
+    until = None if worker is not None else now + lease
+    with db.transaction() as conn:
+        # The common case in one statement: a queued run at this version.
+        took = conn.execute(
+            sql.CLAIM,
+            {
+                "rid": run_id,
+                "v": version,
+                "claimed_by": task_id,
+                "worker": worker,
+                "lease_until": until,
+                "now": now,
+            },
+        ).first()
+        if took is not None:
+            return _claim_of(run_id, took, conversation(conn, took.conversation_id))
+    with db.write() as s:
+        run = s.get(RunRow, run_id, with_for_update=True)
+        if run is None:
+            return None
+        fresh = run.status == "queued" and run.version == version
+        # The broker delivers the same message again when the process holding it
+        # died (a prefork child lost), or when it lost its connection and put its
+        # messages back: only the first may take the run over.
+        taken_over = (
+            run.status == "running"
+            and task_id is not None
+            and run.claimed_by == task_id
+            and not holder_alive(s, run, now=now, timeout=worker_timeout)
+        )
+        if not (fresh or taken_over):
+            return None
+        if run.cancel_requested:
+            cancel_locked(s, run, now)
+            return None
+        move(
+            s,
+            run,
+            "running",
+            now=now,
+            claimed_by=task_id,
+            worker=worker,
+            lease_until=until,
+            crashes=ONE_MORE_CRASH if taken_over else run.crashes,
+        )
+        return _claim_of(run_id, run, conversation(s, run.conversation_id), taken_over=taken_over)
+
+
+def _claim_of(
+    run_id: str, run: Any, messages: list[dict[str, Any]], *, taken_over: bool = False
+) -> Claim:
+    """A Claim from the run as claimed: a RunRow or a row of the claim's RETURNING."""
+    return Claim(
+        run_id=run_id,
+        version=run.version,
+        agent=run.agent,
+        conversation_id=run.conversation_id,
+        tools_digest=run.tools_digest,
+        attempts=run.attempts,
+        crashes=run.crashes,
+        turns=run.turns,
+        taken_over=taken_over,
+        messages=messages,
+    )
+
+
+def _hold(s: Session, claim: Claim) -> RunRow:
+    run = s.get(RunRow, claim.run_id, with_for_update=True)
+    if run is None or run.version != claim.version or run.status != "running":
+        raise StaleClaim(claim.run_id, claim.version)
+    return run
+
+
+def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> bool:
+    """Keep the model's reply (the last message) before any of its tools run, and count
+    each of its calls as started once (`ctx.attempt` 1), in the same transaction.
+
+    Returns whether the run has been asked to cancel meanwhile.
+    """
+    at = len(messages) - 1
+    now = utcnow()
+    with db.transaction() as conn:
+        cancel = conn.execute(
+            sql.STILL_HELD, {"rid": claim.run_id, "v": claim.version, "now": now}
+        ).scalar_one_or_none()
+        if cancel is None:
+            raise StaleClaim(claim.run_id, claim.version)
+        write_messages(conn, claim.conversation_id, claim.run_id, messages[:-1], messages)
+        starts = [
+            ledger_values(claim.run_id, at, call.id, "", None, executions=1, now=now)
+            for call in tx.calls_of(messages[at])
+        ]
+        if starts:
+            conn.execute(sql.ledger_insert(conn.dialect.name), starts)
+        return bool(cancel)
+
+
+def cancel_requested(db: Database, run_id: str) -> bool:
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+        return run is None or run.cancel_requested
+
+
+def finish_turn(
+    db: Database,
+    claim: Claim,
+    before: list[dict[str, Any]],
+    turn: Turn,
+    *,
+    tools_digest: str,
+    request_ttl: timedelta | None = None,
+    on_expiry: str = "error",
+    queue: str | None = None,
+) -> list[OutboxRow]:
+    """Persist what a turn did and what comes next, in one transaction.
+
+    `before` is the transcript as stored (with the model's reply if it was saved);
+    the next turn goes to `queue` (by default where this one came from).
+    """
+    now = utcnow()
+    usage = tx.usage_of(turn.messages)
+    turns = tx.turns_taken(turn.messages)
+    status = "queued" if turn.status == "next" else turn.status
+    # Only opening a request needs the ORM; every other ending is plain statements.
+    scope = db.write() if turn.status == "pending" else db.transaction()
+    with scope as s:
+        # The claim check and the run's new state in one statement.
+        held = s.execute(
+            sql.finish(status),
+            {
+                "rid": claim.run_id,
+                "v": claim.version,
+                "digest": tools_digest,
+                "turns": turns,
+                "prompt": usage.prompt_tokens,
+                "completion": usage.completion_tokens,
+                "total": usage.total_tokens,
+                "now": now,
+                "text": storable_text(turn.text) if turn.status == "done" else None,
+            },
+        ).first()
+        if held is None:
+            raise StaleClaim(claim.run_id, claim.version)
+        write_messages(s, claim.conversation_id, claim.run_id, before, turn.messages)
+        if turn.status == "next":
+            label = f"run={claim.run_id} agent={claim.agent} turn={turns + 1}"
+            return [enqueue_turn(s, claim.run_id, claim.version + 1, label=label, queue=queue)]
+        if turn.status == "pending":
+            assert turn.pending is not None
+            assert isinstance(s, Session)
+            run = s.get(RunRow, claim.run_id)
+            assert run is not None
+            open_request(s, run, turn.pending, now, ttl=request_ttl, on_expiry=on_expiry)
+        return []
+
+
+def retry_turn(
+    db: Database, claim: Claim, *, error: str, countdown: float, queue: str | None = None
+) -> OutboxRow:
+    """Give the run back to `queue` (by default its last) after a retryable failure."""
+    with db.write() as s:
+        run = _hold(s, claim)
+        move(s, run, "queued", now=utcnow(), attempts=ONE_MORE_ATTEMPT, error=error)
+        return enqueue_turn(
+            s, run.id, run.version, label=label_of(run), countdown=countdown, queue=queue
+        )
+
+
+def fail_run(db: Database, claim: Claim, error: str) -> None:
+    with db.write() as s:
+        run = _hold(s, claim)
+        move(s, run, "failed", now=utcnow(), error=error)
+        cancel_requests(s, run.id)
+
+
+def finish_cancelled(db: Database, claim: Claim) -> None:
+    with db.write() as s:
+        cancel_locked(s, _hold(s, claim), utcnow())
