@@ -11,10 +11,12 @@ from fastapi.responses import JSONResponse
 
 from relayq import (
     AgentError,
+    AlreadyVoted,
     AnswerTooLarge,
     CallAnswered,
     ConversationBusy,
     InputTooLarge,
+    NotAnApprover,
     RelayqError,
     RequestClosed,
     ResumeError,
@@ -31,7 +33,9 @@ _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
     (UnknownRequest, 404),
     (UnknownRun, 404),
     (UnknownAgent, 404),
+    (NotAnApprover, 403),
     (RequestClosed, 409),
+    (AlreadyVoted, 409),
     (CallAnswered, 409),
     (ConversationBusy, 409),
     (AnswerTooLarge, 413),

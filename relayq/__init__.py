@@ -5,12 +5,14 @@ agent loop. It imports no broker, database or task queue.
 """
 
 from relayq._errors import (
+    AlreadyVoted,
     AnswerMismatch,
     AnswerTooLarge,
     CallAnswered,
     ConversationBusy,
     InputTooLarge,
     ModelError,
+    NotAnApprover,
     RelayqError,
     RequestClosed,
     ResumeError,
@@ -63,12 +65,14 @@ __all__ = [
     "create_in_process_client",
     # Errors
     "AgentError",
+    "AlreadyVoted",
     "AnswerMismatch",
     "AnswerTooLarge",
     "CallAnswered",
     "ConversationBusy",
     "InputTooLarge",
     "ModelError",
+    "NotAnApprover",
     "RelayqError",
     "RequestClosed",
     "ResumeError",

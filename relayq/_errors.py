@@ -8,6 +8,9 @@
     │   ├── AnswerMismatch       unknown or repeated call ids, a wrong echoed id, a bad shape
     │   │   └── CallAnswered         a call that already has a result (partial answers)
     │   ├── ConversationBusy     the conversation has a run that is not finished
+    │   ├── NotAnApprover        the decider is not in the request's approver groups, or
+    │   │                        started the run and the request forbids self-approval
+    │   ├── AlreadyVoted         the decider has already voted on this request
     │   └── UnstorableAnswer     it holds what the store cannot keep (a NUL, a lone surrogate, ...)
     │       └── AnswerTooLarge       it is over the size limit (RELAYQ_MAX_ANSWER_BYTES)
     ├── UnstorableInput      a new run's prompt, agent name or conversation id the store refuses
@@ -30,9 +33,9 @@
     └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)
 
 The API and the CLI choose a status code and a message from an error's type
-alone: UnknownRequest, UnknownRun and UnknownAgent are 404; RequestClosed,
-CallAnswered and ConversationBusy 409; AnswerTooLarge and InputTooLarge 413;
-every other ResumeError and UnstorableInput 422.
+alone: UnknownRequest, UnknownRun and UnknownAgent are 404; NotAnApprover 403;
+RequestClosed, CallAnswered, AlreadyVoted and ConversationBusy 409;
+AnswerTooLarge and InputTooLarge 413; every other ResumeError and UnstorableInput 422.
 
 Control flow that is not a failure (a tool asking for approval) is data, not an
 exception: see `relayq.pending`.
@@ -45,6 +48,7 @@ exception) rebuilds it whole.
 from __future__ import annotations
 
 __all__ = [
+    "AlreadyVoted",
     "AnswerMismatch",
     "AnswerTooLarge",
     "CallAnswered",
@@ -53,6 +57,7 @@ __all__ = [
     "UnknownRequest",
     "InputTooLarge",
     "ModelError",
+    "NotAnApprover",
     "RelayqError",
     "ResumeError",
     "RunCancelled",
@@ -135,6 +140,26 @@ class ConversationBusy(ResumeError):
         self.conversation_id = conversation_id
         self.run_id = run_id
         self.status = status
+
+
+class NotAnApprover(ResumeError):
+    """`decider` may not decide this request: not in its approver groups (`why` "group"),
+    or the identity that started the run where self-approval is forbidden (`why` "self")."""
+
+    def __init__(self, request_id: str, decider: str, why: str, message: str) -> None:
+        super().__init__(message, request_id)
+        self.args = (request_id, decider, why, message)
+        self.decider = decider
+        self.why = why
+
+
+class AlreadyVoted(ResumeError):
+    """`decider` has already voted on this request; a vote cannot be changed or repeated."""
+
+    def __init__(self, request_id: str, decider: str) -> None:
+        super().__init__(f"{decider} has already voted on request {request_id}", request_id)
+        self.args = (request_id, decider)
+        self.decider = decider
 
 
 class RunCancelled(RelayqError):

@@ -32,6 +32,7 @@ from relayq._model import InProcessRequest, InProcessToolCall, Model
 from relayq._toolkit import Toolkit
 from relayq._tools import Tool, ToolContext
 from relayq._types import Answer, Request, ToolResult
+from relayq.approvals import decision_of, is_approval
 from relayq.relay import (
     RelayCall,
     declined_result,
@@ -199,25 +200,7 @@ def apply_answer(
     `ctx.answer`. With `partial`, calls left without a result stay pending.
     Raises ResumeError, leaving `messages` untouched, when the answer does not fit.
     """
-    if not messages:
-        raise ResumeError("cannot resume an empty transcript", pending.id)
-    tx.check(messages)
-    _check_echo(pending, answer)
-    waiting = {r.id: r for r in tx.open_requests(messages)}
-    if not waiting:
-        raise ResumeError("the transcript has no halted turn to resume", pending.id)
-    stored = waiting.get(pending.id)
-    if stored is None:
-        raise UnknownRequest(
-            pending.id,
-            f"request {pending.id} is not waiting in this transcript; "
-            f"waiting: {', '.join(waiting)}",
-        )
-    moment = now or datetime.now(UTC)
-    if stored.expires_at is not None and moment >= stored.expires_at:
-        raise RequestClosed(
-            stored.id, "expired", f"request {stored.id} expired at {stored.expires_at.isoformat()}"
-        )
+    stored = _waiting(messages, pending, answer, now or datetime.now(UTC))
     out = list(messages)
     held = [
         s
@@ -240,6 +223,33 @@ def apply_answer(
         else:
             out[s.index] = tx.tool_message(s.call.id, declined_result(answer))
     return out
+
+
+def _waiting(
+    messages: list[dict[str, Any]], pending: Request, answer: Answer, moment: datetime
+) -> Request:
+    """The request as the transcript keeps it, once `answer` is known to fit it."""
+    if not messages:
+        raise ResumeError("cannot resume an empty transcript", pending.id)
+    tx.check(messages)
+    _check_echo(pending, answer)
+    waiting = {r.id: r for r in tx.open_requests(messages)}
+    if not waiting:
+        raise ResumeError("the transcript has no halted turn to resume", pending.id)
+    stored = waiting.get(pending.id)
+    if stored is None:
+        raise UnknownRequest(
+            pending.id,
+            f"request {pending.id} is not waiting in this transcript; "
+            f"waiting: {', '.join(waiting)}",
+        )
+    if stored.expires_at is not None and moment >= stored.expires_at:
+        raise RequestClosed(
+            stored.id, "expired", f"request {stored.id} expired at {stored.expires_at.isoformat()}"
+        )
+    if is_approval(stored):
+        decision_of(stored, answer)  # a decision, never free text: refused before any change
+    return stored
 
 
 def _check_echo(pending: Request, answer: Answer) -> None:

@@ -11,11 +11,14 @@ once, replacing the placeholders, and queues the next turn.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
+from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
 from relayq import Answer, CallAnswered, Request, RequestClosed, ResumeError, UnknownRequest
+from relayq.approvals import is_approval
 from relayq.limits import check_answer
 from relayq.loop import apply_answer
 from relayq.relay import (
@@ -26,15 +29,25 @@ from relayq.relay import (
     relay_calls_of,
     relay_results_of,
 )
+from store.audit import SYSTEM, Decider, Outcome, record_decision
 from store.db import Database
+from store.events import emit
 from store.messages import conversation, write_messages
 from store.models import OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
-from store.requests import cancel_requests, request_of
-from store.runs import cancel_locked, label_of
+from store.requests import request_of
+from store.runs import cancel_locked, fail_locked, label_of
 from store.transitions import move
+from store.votes import vote
 
-__all__ = ["Accepted", "accept_answer", "apply_answer_of", "expire_and_count", "expire_requests"]
+__all__ = [
+    "Accepted",
+    "accept_answer",
+    "apply_answer_of",
+    "expire_and_count",
+    "expire_requests",
+    "remind_due",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,9 +64,15 @@ def accept_answer(
     *,
     answered_by: str | None = None,
     partial: bool = False,
+    decider: Decider | None = None,
 ) -> Accepted:
-    """Validate `answer` and record it; ResumeError, with nothing changed, if it does not fit."""
-    check_answer(answer, answered_by=answered_by)  # what the store cannot keep, refused first
+    """Validate `answer` and record it; ResumeError, with nothing changed, if it does not fit.
+
+    `decider` is who answers, as the audit trail keeps it (by default `answered_by`,
+    through Python). An approval's answer is that decider's vote (`store.votes`).
+    """
+    who = decider or Decider(name=answered_by or "anonymous")
+    check_answer(answer, answered_by=who.name)  # what the store cannot keep, refused first
     now = utcnow()
     with db.write() as s:
         row, run = _lock(s, answer.id)
@@ -62,18 +81,49 @@ def accept_answer(
         _check_open(s, row, now)
         assert run is not None
         request = request_of(row)
+        if is_approval(request):
+            resolved = vote(s, row, run, request, answer, who, partial=partial, now=now)
+            row.revision += 1
+            if resolved is None:
+                return Accepted(run_id=row.run_id, complete=False, outbox=[])
+            outbox = _resolve(s, row, resolved.answer, resolved.outcome, who, now)
+            return Accepted(run_id=row.run_id, complete=True, outbox=outbox)
         previous = Answer.model_validate(row.answer) if row.answer else None
         merged = _merge(request, previous, answer)
         complete = _complete(request, merged, partial=partial)
-        row.answer = merged.model_dump(mode="json")
-        row.answered_by = answered_by
+        outcome: Outcome = "answered" if answer.ok else "declined"
+        record_decision(s, row, who, outcome, now=now, reason=answer.reason)
         row.revision += 1
-        outbox = []
-        if complete:
-            row.status = "answered"
-            row.answered_at = now
-            outbox.append(enqueue_answer(s, row.id, row.run_id))
-        return Accepted(run_id=row.run_id, complete=complete, outbox=outbox)
+        if not complete:
+            row.answer = merged.model_dump(mode="json")
+            row.answered_by = who.name
+            return Accepted(run_id=row.run_id, complete=False, outbox=[])
+        outbox = _resolve(s, row, merged, outcome, who, now)
+        return Accepted(run_id=row.run_id, complete=True, outbox=outbox)
+
+
+def _resolve(
+    s: Session, row: RequestRow, answer: Answer, outcome: Outcome, who: Decider, now: datetime
+) -> list[OutboxRow]:
+    """Close the request with its answer, and queue the task that applies it."""
+    row.answer = answer.model_dump(mode="json")
+    row.answered_by = who.name
+    row.status = "answered"
+    row.answered_at = now
+    row.outcome = outcome
+    emit(
+        s,
+        "request.decided",
+        run_id=row.run_id,
+        request_id=row.id,
+        now=now,
+        agent=row.agent,
+        kind=row.kind,
+        tool=row.tool,
+        outcome=outcome,
+        decidedBy=who.name,
+    )
+    return [enqueue_answer(s, row.id, row.run_id)]
 
 
 def _lock(s: Session, request_id: str) -> tuple[RequestRow | None, RunRow | None]:
@@ -92,7 +142,9 @@ def _lock(s: Session, request_id: str) -> tuple[RequestRow | None, RunRow | None
 def _check_open(s: Session, row: RequestRow, now: datetime) -> None:
     if row.status != "open":
         raise RequestClosed(row.id, row.status)
-    if row.expires_at is not None and now >= row.expires_at:
+    # A deadline that escalates, or leaves the request open, still takes answers.
+    closes = row.on_expiry in ("error", "cancel")
+    if closes and row.expires_at is not None and now >= row.expires_at:
         raise RequestClosed(
             row.id,
             "expired",
@@ -170,8 +222,7 @@ def apply_answer_of(db: Database, request_id: str) -> list[OutboxRow]:
             # Checked against the request when accepted, so only a transcript
             # changed behind the store's back gets here: the run stops, saying why,
             # rather than wait for an answer it already has.
-            move(s, run, "failed", now=utcnow(), error=f"answer to {row.id} not applied: {exc}")
-            cancel_requests(s, run.id)
+            fail_locked(s, run, utcnow(), f"answer to {row.id} not applied: {exc}")
             return []
         write_messages(s, run.conversation_id, run.id, before, after)
         move(s, run, "queued", now=utcnow())
@@ -191,13 +242,24 @@ def expire_requests(
 def expire_and_count(
     db: Database, *, now: datetime | None = None, limit: int = 500
 ) -> tuple[list[OutboxRow], int]:
-    """`expire_requests`, and how many requests it expired (cancelled runs send nothing)."""
+    """`expire_requests`, and how many requests reached their deadline.
+
+    What a deadline does is the request's `on_expiry`: `error` closes it with error
+    results saying `expired` (an approval's decline at its deadline, recorded as
+    expired, never as a person's), `cancel` cancels its run, `escalate` hands it to
+    the next step's approver groups with a new deadline (and, past the last step,
+    closes it as `error` does), `stay_open` leaves it open, noticed overdue once.
+    """
     moment = now or utcnow()
     outbox: list[OutboxRow] = []
     with db.write() as s:
         due = s.exec(
             select(RequestRow)
-            .where(RequestRow.status == "open", col(RequestRow.expires_at) <= moment)
+            .where(
+                RequestRow.status == "open",
+                col(RequestRow.expires_at) <= moment,
+                or_(col(RequestRow.on_expiry) != "stay_open", col(RequestRow.overdue_at).is_(None)),
+            )
             .limit(limit)
             # A request an answer is being accepted for right now is not overdue.
             .with_for_update(skip_locked=True)
@@ -210,20 +272,108 @@ def expire_and_count(
             ).first()
             if run is None and s.get(RunRow, row.run_id) is not None:
                 continue
-            if run is not None and row.on_expiry == "cancel":
-                cancel_locked(s, run, moment)
-                row.status = "expired"
+            if row.on_expiry == "stay_open":
+                _notice_overdue(s, row, moment)
+            elif row.on_expiry == "escalate" and row.escalation:
+                _escalate(s, row, moment)
+            elif run is not None and row.on_expiry == "cancel":
+                _close_expired(s, row, moment)
                 row.applied = True  # nothing left to apply: the run is cancelled
-                continue
-            assert row.expires_at is not None
-            reason = f"expired: request {row.id} had no answer by {row.expires_at.isoformat()}"
-            request = request_of(row)
-            previous = Answer.model_validate(row.answer) if row.answer else None
-            row.answer = _merge(
-                request, previous, Answer(id=row.id, ok=False, reason=reason)
-            ).model_dump(mode="json")
-            row.status = "expired"
-            row.answered_at = moment
-            row.answered_by = "relayq:expiry"
-            outbox.append(enqueue_answer(s, row.id, row.run_id))
+                cancel_locked(s, run, moment)
+            else:
+                _close_expired(s, row, moment)
+                request = request_of(row)
+                previous = Answer.model_validate(row.answer) if row.answer else None
+                assert row.expires_at is not None
+                reason = f"expired: request {row.id} had no answer by {row.expires_at.isoformat()}"
+                declined = Answer(id=row.id, ok=False, reason=reason)
+                row.answer = _merge(request, previous, declined).model_dump(mode="json")
+                outbox.append(enqueue_answer(s, row.id, row.run_id))
     return outbox, len(due)
+
+
+def _close_expired(s: Session, row: RequestRow, now: datetime) -> None:
+    row.status = "expired"
+    row.outcome = "expired"
+    row.answered_at = now
+    row.answered_by = SYSTEM.name
+    record_decision(s, row, SYSTEM, "expired", now=now)
+    emit(s, "request.expired", run_id=row.run_id, request_id=row.id, now=now, **_facts(row))
+
+
+def _escalate(s: Session, row: RequestRow, now: datetime) -> None:
+    """Hand the request to the next step's groups, with the step's deadline."""
+    step, *rest = row.escalation or []
+    row.approvers = list(step["approvers"])
+    row.escalation = rest
+    row.step += 1
+    row.expires_at = now + timedelta(seconds=float(step["expiresIn"]))
+    remind = (row.data or {}).get("policy", {}).get("remindBefore")
+    row.remind_at = None if remind is None else row.expires_at - timedelta(seconds=float(remind))
+    row.reminded_at = None
+    if not rest:
+        row.on_expiry = "error"  # past the last step, the deadline declines
+    record_decision(s, row, SYSTEM, "escalated", now=now, reason=", ".join(row.approvers))
+    emit(
+        s,
+        "request.escalated",
+        run_id=row.run_id,
+        request_id=row.id,
+        now=now,
+        step=row.step,
+        expiresAt=row.expires_at.isoformat(),
+        **_facts(row),
+    )
+
+
+def _notice_overdue(s: Session, row: RequestRow, now: datetime) -> None:
+    row.overdue_at = now
+    record_decision(s, row, SYSTEM, "overdue", now=now)
+    emit(
+        s,
+        "request.expired",
+        run_id=row.run_id,
+        request_id=row.id,
+        now=now,
+        stillOpen=True,
+        **_facts(row),
+    )
+
+
+def _facts(row: RequestRow) -> dict[str, Any]:
+    """What every event about a request says: no prompt, no arguments."""
+    return {
+        "agent": row.agent,
+        "kind": row.kind,
+        "tool": row.tool,
+        "approvers": row.approvers or [],
+    }
+
+
+def remind_due(db: Database, *, now: datetime | None = None, limit: int = 500) -> int:
+    """Send `request.reminder` for open requests whose reminder time has come; how many."""
+    moment = now or utcnow()
+    with db.write() as s:
+        due = s.exec(
+            select(RequestRow)
+            .where(
+                RequestRow.status == "open",
+                col(RequestRow.remind_at) <= moment,
+                col(RequestRow.reminded_at).is_(None),
+            )
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for row in due:
+            row.reminded_at = moment
+            expires = None if row.expires_at is None else row.expires_at.isoformat()
+            emit(
+                s,
+                "request.reminder",
+                run_id=row.run_id,
+                request_id=row.id,
+                now=moment,
+                expiresAt=expires,
+                **_facts(row),
+            )
+        return len(due)

@@ -2,7 +2,8 @@
 
 Each sweep, from the store alone (it is the source of truth):
 
-- expires overdue requests;
+- expires overdue requests (or escalates them, or notices them overdue), and sends
+  the reminders that are due;
 - re-queues `running` runs whose worker died (its heartbeat stopped, or on
   this host its process is gone), or, for claims no worker stands behind,
   whose lease lapsed;
@@ -23,7 +24,7 @@ from datetime import datetime, timedelta
 
 from sqlmodel import Session, col, select
 
-from store.answers import expire_and_count
+from store.answers import expire_and_count, remind_due
 from store.db import Database
 from store.models import OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import (
@@ -67,6 +68,9 @@ class SweepReport:
     reapplied: list[str] = field(default_factory=list)
     """Accepted answers (request ids) whose answer task was lost."""
     expired: int = 0
+    """Requests that reached their deadline (expired, escalated or noticed overdue)."""
+    reminded: int = 0
+    """Requests whose reminder went out."""
 
 
 def sweep(
@@ -82,6 +86,7 @@ def sweep(
     moment = now or utcnow()
     report = SweepReport()
     expired, report.expired = expire_and_count(db, now=moment)
+    report.reminded = remind_due(db, now=moment)
     with db.write() as s:
         _requeue_abandoned(s, report, moment, recovery.worker_timeout)
         if waiting is not None:

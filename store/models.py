@@ -9,12 +9,17 @@ from sqlalchemy import JSON, Column, DateTime, Index, TypeDecorator
 from sqlmodel import Field, SQLModel
 
 __all__ = [
+    "DecisionRow",
+    "DeliveryAttemptRow",
+    "DeliveryRow",
+    "EventRow",
     "LedgerRow",
     "MessageRow",
     "OutboxRow",
     "RequestRow",
     "RunRow",
     "RunState",
+    "VoteRow",
     "WorkerRow",
     "utcnow",
 ]
@@ -75,6 +80,8 @@ class RunRow(SQLModel, table=True):
     """Model-call failures in a row; a turn that succeeds resets it."""
     crashes: int = 0
     """Workers that died holding this turn; a turn that finishes resets it."""
+    started_by: str | None = None
+    """The identity that started the run (an API token's name, `cli:<os user>`), if known."""
     cancel_requested: bool = False
     claimed_by: str | None = None
     """The task id holding the current claim; a redelivery of that task may take it over."""
@@ -134,6 +141,125 @@ class RequestRow(SQLModel, table=True):
     """The answer has been written into the transcript and the run re-enqueued."""
     revision: int = 0
     created_at: datetime = _time(index=True, nullable=False)
+    # Approvals and the inbox (see `relayq.approvals`, `store.votes`).
+    tool: str | None = Field(default=None, index=True)
+    """The tool the request is about: an approval's tool, a relay request's (first) call's."""
+    approvers: list[str] | None = _json()
+    """Groups whose members may decide it now (empty or None: anyone who may answer)."""
+    quorum: int = 1
+    """Distinct approvals that resolve it."""
+    declines: int = 1
+    """Distinct declines that resolve it declined."""
+    forbid_self: bool = False
+    """The identity that started the run may not decide it."""
+    remind_at: datetime | None = _time(index=True)
+    reminded_at: datetime | None = _time()
+    escalation: list[dict[str, Any]] | None = _json()
+    """Escalation steps still ahead: `[{approvers, expiresIn}]`."""
+    step: int = 0
+    """Escalation steps taken."""
+    overdue_at: datetime | None = _time()
+    """When a request that stays open past its deadline was noticed overdue."""
+    outcome: str | None = Field(default=None, index=True)
+    """How it was resolved: approved, edited, declined, answered, expired, cancelled."""
+
+
+class VoteRow(SQLModel, table=True):
+    """One person's decision on a request that needs a quorum; one each."""
+
+    __tablename__ = "relayq_votes"
+
+    request_id: str = Field(primary_key=True)
+    voter: str = Field(primary_key=True)
+    decision: str
+    """approve | edit | decline"""
+    arguments: dict[str, Any] | None = _json()
+    """The arguments approved (the edited ones for an edit)."""
+    reason: str | None = None
+    step: int = 0
+    at: datetime = _time(nullable=False)
+
+
+class DecisionRow(SQLModel, table=True):
+    """The audit trail: every decision, vote and expiry. Appended, never updated or deleted."""
+
+    __tablename__ = "relayq_decisions"
+
+    id: int | None = Field(default=None, primary_key=True)
+    request_id: str = Field(index=True)
+    run_id: str
+    agent: str = Field(index=True)
+    tool: str | None = None
+    call_ids: list[str] = _json()
+    actor: str = Field(index=True)
+    """Who: a token's name, `cli:<os user>`, or `relayq:expiry` for the system."""
+    role: str | None = None
+    groups: list[str] = _json()
+    via: str
+    """inbox | api | cli | python | system"""
+    os_user: str | None = None
+    """The operating-system user, for decisions made with the CLI."""
+    outcome: str = Field(index=True)
+    """approved | edited | declined | answered | voted | expired | escalated"""
+    reason: str | None = None
+    arguments_hash: str | None = None
+    """SHA-256 of the arguments the decider saw."""
+    diff: dict[str, Any] | None = _json()
+    """An edit's changes: `{key: [before, after]}`."""
+    at: datetime = _time(index=True, nullable=False)
+
+
+class EventRow(SQLModel, table=True):
+    """Something that happened, for the webhooks: written in the transaction that did it."""
+
+    __tablename__ = "relayq_events"
+
+    id: str = Field(primary_key=True)
+    type: str = Field(index=True)
+    """request.opened | request.reminder | request.escalated | request.decided |
+    request.expired | run.finished | run.failed"""
+    run_id: str | None = Field(default=None, index=True)
+    request_id: str | None = None
+    payload: dict[str, Any] = _json()
+    created_at: datetime = _time(index=True, nullable=False)
+
+
+class DeliveryRow(SQLModel, table=True):
+    """One event to one webhook endpoint: retried with backoff until delivered."""
+
+    __tablename__ = "relayq_deliveries"
+    __table_args__ = (
+        Index("ix_relayq_deliveries_state_next", "state", "next_at"),
+        Index("ix_relayq_deliveries_event_endpoint", "event_id", "endpoint", unique=True),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    event_id: str = Field(index=True)
+    endpoint: str
+    state: str = "pending"
+    """pending | delivered | failed (gave up)"""
+    attempts: int = 0
+    next_at: datetime = _time(nullable=False)
+    last_status: int | None = None
+    last_error: str | None = None
+    delivered_at: datetime | None = _time()
+    created_at: datetime = _time(nullable=False)
+
+
+class DeliveryAttemptRow(SQLModel, table=True):
+    """The delivery log: one row per attempt."""
+
+    __tablename__ = "relayq_delivery_attempts"
+
+    id: int | None = Field(default=None, primary_key=True)
+    delivery_id: int = Field(index=True)
+    event_id: str
+    endpoint: str
+    attempt: int
+    status: int | None = None
+    error: str | None = None
+    duration_ms: float = 0.0
+    at: datetime = _time(index=True, nullable=False)
 
 
 class LedgerRow(SQLModel, table=True):

@@ -10,8 +10,10 @@ from pydantic.alias_generators import to_camel
 from sqlmodel import Session, col, select
 
 from relayq import Answer, Request, UnknownRequest
+from relayq.approvals import Policy, is_approval, policy_of
 from relayq.relay import RELAY_KIND, is_relay_request, relay_calls_of
 from store.db import Database
+from store.events import emit
 from store.messages import storable_text
 from store.models import RequestRow, RunRow
 
@@ -67,22 +69,52 @@ def open_request(
         return
     expires_at = request.expires_at or (now + ttl if ttl is not None else None)
     relay = is_relay_request(request)
-    s.add(
-        RequestRow(
-            id=request.id,
-            run_id=run.id,
-            agent=run.agent,
-            kind=storable_text(request.kind),
-            prompt=storable_text(request.prompt),
-            url=None if request.url is None else storable_text(request.url),
-            data={k: v for k, v in request.data.items() if not (relay and k == "calls")},
-            calls=[c.model_dump(mode="json") for c in relay_calls_of(request)],
-            status="open",
-            expires_at=expires_at,
-            on_expiry=on_expiry,
-            created_at=now,
-        )
+    calls = relay_calls_of(request)
+    row = RequestRow(
+        id=request.id,
+        run_id=run.id,
+        agent=run.agent,
+        kind=storable_text(request.kind),
+        prompt=storable_text(request.prompt),
+        url=None if request.url is None else storable_text(request.url),
+        data={k: v for k, v in request.data.items() if not (relay and k == "calls")},
+        calls=[c.model_dump(mode="json") for c in calls],
+        status="open",
+        expires_at=expires_at,
+        on_expiry=on_expiry,
+        created_at=now,
+        tool=calls[0].name if calls else None,
     )
+    if is_approval(request):
+        _apply_policy(row, policy_of(request))
+    s.add(row)
+    s.flush()
+    emit(
+        s,
+        "request.opened",
+        run_id=run.id,
+        request_id=row.id,
+        now=now,
+        agent=run.agent,
+        kind=row.kind,
+        tool=row.tool,
+        approvers=row.approvers or [],
+        expiresAt=None if expires_at is None else expires_at.isoformat(),
+    )
+
+
+def _apply_policy(row: RequestRow, policy: Policy) -> None:
+    """An approval's policy, in the columns the store enforces it from."""
+    row.tool = str(row.data.get("tool") or "") or None
+    row.approvers = list(policy.approvers)
+    row.quorum = policy.quorum
+    row.declines = policy.declines
+    row.forbid_self = policy.forbid_self_approval
+    row.escalation = [step.to_wire() for step in policy.escalation]
+    # Declining at the deadline is the `error` expiry every request has.
+    row.on_expiry = {"decline": "error"}.get(policy.on_expiry, policy.on_expiry)
+    if row.expires_at is not None and policy.remind_before is not None:
+        row.remind_at = row.expires_at - policy.remind_before
 
 
 def request_of(row: RequestRow) -> Request:
@@ -106,7 +138,7 @@ def cancel_requests(s: Session, run_id: str) -> None:
     s.execute(
         table.update()
         .where(table.c.run_id == run_id, table.c.status == "open")
-        .values(status="cancelled")
+        .values(status="cancelled", outcome="cancelled")
     )
 
 

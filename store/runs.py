@@ -17,13 +17,14 @@ from relayq.limits import check_run_input
 from store import statements as sql
 from store.db import Database
 from store.errors import UnknownRun
+from store.events import emit
 from store.messages import conversation, message_row, message_values
 from store.models import FINISHED, OutboxRow, RunRow, utcnow
 from store.outbox import TURN_QUEUE, enqueue_turn
 from store.requests import cancel_requests
 from store.transitions import move
 
-__all__ = ["cancel_locked", "cancel_run", "create_run", "create_runs", "label_of"]
+__all__ = ["cancel_locked", "cancel_run", "create_run", "create_runs", "fail_locked", "label_of"]
 
 
 def label_of(run: RunRow) -> str:
@@ -39,17 +40,24 @@ def create_run(
     conversation_id: str | None,
     tools_digest: str | None = None,
     queue: str | None = None,
+    started_by: str | None = None,
 ) -> OutboxRow:
     """A queued run with its prompt; continues `conversation_id` if it names one.
 
-    Its first turn goes to `queue` (its agent's), by default `relayq.turns`.
+    Its first turn goes to `queue` (its agent's), by default `relayq.turns`;
+    `started_by` names who asked (an approval may forbid them to approve it).
     """
     check_run_input(agent=agent, prompts=[prompt], conversation_id=conversation_id)
     now = utcnow()
     conv = conversation_id or run_id
     if conversation_id is None:
         return create_runs(
-            db, agent=agent, runs=[(run_id, prompt)], tools_digest=tools_digest, queue=queue
+            db,
+            agent=agent,
+            runs=[(run_id, prompt)],
+            tools_digest=tools_digest,
+            queue=queue,
+            started_by=started_by,
         )[0]
     with db.write() as s:
         history = conversation(s, conv)
@@ -61,6 +69,7 @@ def create_run(
             status="queued",
             start_seq=len(history),
             tools_digest=tools_digest,
+            started_by=started_by,
             created_at=now,
             updated_at=now,
         )
@@ -77,6 +86,7 @@ def create_runs(
     runs: list[tuple[str, str]],
     tools_digest: str | None = None,
     queue: str | None = None,
+    started_by: str | None = None,
 ) -> list[OutboxRow]:
     """Many queued runs, each a new conversation, in one transaction: `runs` is (id, prompt)."""
     check_run_input(agent=agent, prompts=[prompt for _, prompt in runs])
@@ -88,6 +98,7 @@ def create_runs(
             conversation_id=run_id,
             status="queued",
             tools_digest=tools_digest,
+            started_by=started_by,
             created_at=now,
             updated_at=now,
         )
@@ -117,9 +128,19 @@ def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) ->
 
 
 def cancel_locked(s: Session, run: RunRow, now: datetime) -> None:
-    run_id = run.id
+    """Cancel a run the caller has locked, and close its open requests."""
+    run_id, agent = run.id, run.agent
     move(s, run, "cancelled", now=now, cancel_requested=True)
     cancel_requests(s, run_id)
+    emit(s, "run.finished", run_id=run_id, now=now, agent=agent, status="cancelled")
+
+
+def fail_locked(s: Session, run: RunRow, now: datetime, error: str) -> None:
+    """Fail a run the caller has locked, saying why, and close its open requests."""
+    run_id, agent = run.id, run.agent
+    move(s, run, "failed", now=now, error=error)
+    cancel_requests(s, run_id)
+    emit(s, "run.failed", run_id=run_id, now=now, agent=agent, status="failed", error=error)
 
 
 def cancel_run(db: Database, run_id: str) -> str:

@@ -20,12 +20,13 @@ from relayq.loop import Turn
 from store import statements as sql
 from store.db import Database
 from store.errors import StaleClaim
+from store.events import emit
 from store.ledger import ledger_values
 from store.messages import conversation, storable_text, write_messages
 from store.models import OutboxRow, RunRow, utcnow
 from store.outbox import enqueue_turn
-from store.requests import cancel_requests, open_request
-from store.runs import cancel_locked, label_of
+from store.requests import open_request
+from store.runs import cancel_locked, fail_locked, label_of
 from store.transitions import ONE_MORE_ATTEMPT, ONE_MORE_CRASH, move
 from store.workers import WORKER_TIMEOUT, holder_alive
 
@@ -230,6 +231,8 @@ def finish_turn(
             run = s.get(RunRow, claim.run_id)
             assert run is not None
             open_request(s, run, turn.pending, now, ttl=request_ttl, on_expiry=on_expiry)
+            return []
+        emit(s, "run.finished", run_id=claim.run_id, now=now, agent=claim.agent, status=status)
         return []
 
 
@@ -248,8 +251,7 @@ def retry_turn(
 def fail_run(db: Database, claim: Claim, error: str) -> None:
     with db.write() as s:
         run = _hold(s, claim)
-        move(s, run, "failed", now=utcnow(), error=error)
-        cancel_requests(s, run.id)
+        fail_locked(s, run, utcnow(), error)
 
 
 def finish_cancelled(db: Database, claim: Claim) -> None:

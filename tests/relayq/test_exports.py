@@ -24,8 +24,8 @@ def test_the_package_exports_exactly_these_names():
             "RelayqError", "Request", "ResumeError", "RunCancelled", "RunResult", "Tool",
             "ToolCallRecord", "ToolContext", "ToolResult", "Toolkit", "ToolkitError", "Usage",
             "create_in_process_client", "create_toolkit", "define_tool", "pending", "tool",
-            "AnswerMismatch", "AnswerTooLarge", "CallAnswered", "ConversationBusy",
-            "InputTooLarge", "RequestClosed", "UnknownAgent", "UnknownRequest",
+            "AlreadyVoted", "AnswerMismatch", "AnswerTooLarge", "CallAnswered", "ConversationBusy",
+            "InputTooLarge", "NotAnApprover", "RequestClosed", "UnknownAgent", "UnknownRequest",
             "UnstorableAnswer", "UnstorableInput",
         ]
     )  # fmt: skip

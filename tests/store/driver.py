@@ -123,8 +123,16 @@ def start(
     prompt: str = "go",
     conversation_id: str | None = None,
     agent: str = "agent",
+    started_by: str | None = None,
 ) -> str:
-    create_run(db, run_id=run_id, agent=agent, prompt=prompt, conversation_id=conversation_id)
+    create_run(
+        db,
+        run_id=run_id,
+        agent=agent,
+        prompt=prompt,
+        conversation_id=conversation_id,
+        started_by=started_by,
+    )
     return run_id
 
 

@@ -1,0 +1,322 @@
+"""Structured approvals: a local tool that runs only once people have approved the call.
+
+    refund = requires_approval(
+        define_tool("refund", "Refund an order", SCHEMA, do_refund),
+        approvers=["finance"], quorum=2, expires_in=timedelta(hours=4),
+    )
+
+A call of a wrapped tool suspends its run with one Request of kind
+`tool_approval` carrying the tool's name, the arguments the model gave, the
+tool's JSON schema and the policy. A decision is typed, never free text:
+
+- approve: the tool runs with the arguments as the model gave them;
+- edit: the tool runs with edited arguments, checked against the tool's schema
+  before the decision is taken; the model is told what was changed;
+- decline, with a reason: the tool does not run; the model gets an error
+  result carrying the reason.
+
+The answer's wire shape: `{"data": {"decision": "approve"}}`,
+`{"data": {"decision": "edit", "arguments": {...}}}`, or
+`{"ok": false, "reason": "..."}`. Who may decide, and how many must agree,
+is the store's to enforce (`store.votes`); everything here is pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeAlias
+
+import jsonschema
+
+from relayq._errors import AnswerMismatch, ToolkitError
+from relayq._tools import Tool, ToolContext
+from relayq._types import Answer, Request, ToolResult
+
+__all__ = [
+    "APPROVAL_KIND",
+    "Decision",
+    "EscalationStep",
+    "OnApprovalExpiry",
+    "Policy",
+    "approve",
+    "arguments_digest",
+    "arguments_of",
+    "decision_of",
+    "decline",
+    "diff_arguments",
+    "edit",
+    "is_approval",
+    "policy_of",
+    "requires_approval",
+]
+
+APPROVAL_KIND = "tool_approval"
+
+OnApprovalExpiry: TypeAlias = Literal["decline", "escalate", "stay_open"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EscalationStep:
+    """Where an expired approval goes next: to `approvers`, with a new deadline."""
+
+    approvers: tuple[str, ...]
+    expires_in: timedelta
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"approvers": list(self.approvers), "expiresIn": self.expires_in.total_seconds()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """Who may decide a tool's calls, how many must agree, and what time does."""
+
+    approvers: tuple[str, ...] = ()
+    """Groups whose members may decide; empty: anyone allowed to answer requests."""
+    quorum: int = 1
+    """Distinct approvals that resolve the request."""
+    declines: int = 1
+    """Distinct declines that resolve it declined."""
+    forbid_self_approval: bool = False
+    """The identity that started the run may not decide its requests."""
+    expires_in: timedelta | None = None
+    remind_before: timedelta | None = None
+    """A `request.reminder` this long before the deadline."""
+    on_expiry: OnApprovalExpiry = "decline"
+    """At the deadline: decline (outcome `expired`), escalate along `escalation`, or stay open."""
+    escalation: tuple[EscalationStep, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.quorum < 1 or self.declines < 1:
+            raise ToolkitError("quorum and declines must be at least 1")
+        if self.on_expiry not in ("decline", "escalate", "stay_open"):
+            raise ToolkitError(
+                f"on_expiry must be 'decline', 'escalate' or 'stay_open', not {self.on_expiry!r}"
+            )
+        if self.on_expiry == "escalate" and not self.escalation:
+            raise ToolkitError("on_expiry='escalate' needs at least one escalation step")
+        if any(not isinstance(g, str) or not g for g in self.approvers):
+            raise ToolkitError("approver groups are non-empty strings")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "approvers": list(self.approvers),
+            "quorum": self.quorum,
+            "declines": self.declines,
+            "forbidSelfApproval": self.forbid_self_approval,
+            "remindBefore": _seconds(self.remind_before),
+            "onExpiry": self.on_expiry,
+            "escalation": [step.to_wire() for step in self.escalation],
+        }
+
+
+def _seconds(delta: timedelta | None) -> float | None:
+    return None if delta is None else delta.total_seconds()
+
+
+def policy_of(request: Request) -> Policy:
+    """The policy a `tool_approval` request carries (defaults for anything absent).
+
+    Its deadline is the request's own `expires_at`; `expires_in` is not kept.
+    """
+    wire = request.data.get("policy") or {}
+    remind = wire.get("remindBefore")
+    return Policy(
+        approvers=tuple(wire.get("approvers") or ()),
+        quorum=int(wire.get("quorum", 1)),
+        declines=int(wire.get("declines", 1)),
+        forbid_self_approval=bool(wire.get("forbidSelfApproval", False)),
+        remind_before=None if remind is None else timedelta(seconds=float(remind)),
+        on_expiry=wire.get("onExpiry", "decline"),
+        escalation=tuple(
+            EscalationStep(
+                approvers=tuple(step["approvers"]),
+                expires_in=timedelta(seconds=float(step["expiresIn"])),
+            )
+            for step in wire.get("escalation") or ()
+        ),
+    )
+
+
+def is_approval(request: Request) -> bool:
+    return request.kind == APPROVAL_KIND
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """One approver's decision on a `tool_approval` request."""
+
+    kind: Literal["approve", "edit", "decline"]
+    arguments: dict[str, Any] | None = None
+    """The edited arguments (an `edit` only)."""
+    reason: str | None = None
+    """Why it was declined (a `decline` only)."""
+
+
+def approve(request_id: str) -> Answer:
+    """Approve the call as the model made it."""
+    return Answer(id=request_id, data={"decision": "approve"})
+
+
+def edit(request_id: str, arguments: dict[str, Any]) -> Answer:
+    """Approve the call with `arguments` in place of the model's."""
+    return Answer(id=request_id, data={"decision": "edit", "arguments": arguments})
+
+
+def decline(request_id: str, reason: str) -> Answer:
+    """Decline the call, saying why: the tool does not run."""
+    return Answer(id=request_id, ok=False, reason=reason)
+
+
+def decision_of(request: Request, answer: Answer) -> Decision:
+    """The typed decision an answer to `request` carries; AnswerMismatch if it is not one
+    (free text, edited arguments that do not fit the tool's schema, a decline without
+    a reason)."""
+    if not answer.ok:
+        reason = (answer.reason or "").strip()
+        if not reason:
+            raise AnswerMismatch(f"declining {request.id} takes a reason", request.id)
+        return Decision(kind="decline", reason=reason)
+    data = answer.data or {}
+    kind = data.get("decision")
+    extra = sorted(set(data) - {"decision", "arguments"})
+    if kind not in ("approve", "edit") or extra:
+        raise AnswerMismatch(
+            f"an answer to approval {request.id} is a decision: "
+            '{"decision": "approve"}, {"decision": "edit", "arguments": {...}}, '
+            'or {"ok": false, "reason": "..."}',
+            request.id,
+        )
+    if kind == "approve":
+        if "arguments" in data:
+            raise AnswerMismatch(
+                f"approving {request.id} takes no arguments; edit to change them", request.id
+            )
+        return Decision(kind="approve")
+    arguments = data.get("arguments")
+    if not isinstance(arguments, dict):
+        raise AnswerMismatch(f"an edit of {request.id} takes an arguments object", request.id)
+    _check_schema(request, arguments)
+    return Decision(kind="edit", arguments=arguments)
+
+
+def _check_schema(request: Request, arguments: dict[str, Any]) -> None:
+    schema = request.data.get("schema") or {"type": "object"}
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        where = ".".join(str(p) for p in first.absolute_path) or "(the arguments)"
+        raise AnswerMismatch(
+            f"the edited arguments of {request.id} do not fit the tool's schema: "
+            f"{where}: {first.message[:200]}",
+            request.id,
+        )
+
+
+def arguments_of(request: Request) -> dict[str, Any]:
+    """The arguments the model gave the call."""
+    return dict(request.data.get("arguments") or {})
+
+
+def diff_arguments(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
+    """What an edit changed, key by key: `{key: [before, after]}` (absent is None)."""
+    keys = sorted(set(before) | set(after))
+    return {k: [before.get(k), after.get(k)] for k in keys if before.get(k) != after.get(k)}
+
+
+def arguments_digest(arguments: dict[str, Any]) -> str:
+    """A hash of the arguments a decider saw, for the audit trail."""
+    blob = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+Prompt: TypeAlias = "str | Callable[[dict[str, Any]], str] | None"
+
+
+def requires_approval(
+    tool: Tool,
+    *,
+    approvers: Sequence[str] | None = None,
+    quorum: int = 1,
+    declines: int = 1,
+    forbid_self_approval: bool = False,
+    expires_in: timedelta | None = None,
+    remind_before: timedelta | None = None,
+    on_expiry: OnApprovalExpiry = "decline",
+    escalation: Sequence[EscalationStep] = (),
+    prompt: Prompt = None,
+) -> Tool:
+    """`tool`, run only once its call is approved, with the approved arguments.
+
+    `prompt` is the line a person reads (a string, or a function of the arguments);
+    by default the tool's name and description.
+    """
+    if tool.fn is None:
+        raise ToolkitError(f"relay tool {tool.name!r} is run by its host; it needs no approval")
+    if remind_before is not None and expires_in is None:
+        raise ToolkitError("remind_before needs expires_in: a reminder comes before a deadline")
+    policy = Policy(
+        approvers=tuple(approvers or ()),
+        quorum=quorum,
+        declines=declines,
+        forbid_self_approval=forbid_self_approval,
+        expires_in=expires_in,
+        remind_before=remind_before,
+        on_expiry=on_expiry,
+        escalation=tuple(escalation),
+    )
+
+    async def gated(args: dict[str, Any], ctx: ToolContext) -> ToolResult | Request:
+        if ctx.answer is None:
+            return _ask(tool, policy, prompt, args)
+        asked = Request(
+            id=ctx.answer.id, kind=APPROVAL_KIND, prompt="", data={"schema": tool.schema}
+        )
+        decision = decision_of(asked, ctx.answer)
+        if decision.kind == "decline":
+            return ToolResult.error(f"declined by the approver: {decision.reason}")
+        run_with = decision.arguments if decision.arguments is not None else args
+        out = await tool.invoke(run_with, dataclasses.replace(ctx, answer=None))
+        if isinstance(out, Request):
+            return ToolResult.error(
+                f"tool {tool.name!r} asked for more after its approval; "
+                "a tool that requires approval cannot suspend again"
+            )
+        if decision.kind == "edit":
+            changes = diff_arguments(args, run_with)
+            said = ", ".join(
+                f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changes.items()
+            )
+            note = f"[The approver changed the arguments before {tool.name} ran: {said}]\n"
+            return ToolResult(output=note + out.output, is_error=out.is_error)
+        return out
+
+    return Tool(name=tool.name, description=tool.description, schema=tool.schema, fn=gated)
+
+
+def _ask(tool: Tool, policy: Policy, prompt: Prompt, args: dict[str, Any]) -> Request:
+    if callable(prompt):
+        line = prompt(args)
+    elif prompt is not None:
+        line = prompt
+    else:
+        line = f"Approve {tool.name}: {tool.description}"
+    expires_at = None
+    if policy.expires_in is not None:
+        expires_at = datetime.now(UTC) + policy.expires_in
+    return Request(
+        kind=APPROVAL_KIND,
+        prompt=line,
+        data={
+            "tool": tool.name,
+            "arguments": args,
+            "schema": tool.schema,
+            "policy": policy.to_wire(),
+        },
+        expires_at=expires_at,
+    )

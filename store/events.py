@@ -1,0 +1,65 @@
+"""Events for the webhooks, written in the transaction that made them happen.
+
+An event is a fact (`request.opened`, `run.finished`, ...) with ids and a few
+plain fields: never a prompt, a transcript or a tool's arguments, which stay
+behind the API's tokens. Each is delivered at least once to every configured
+endpoint (`store.webhooks`); its id lets a receiver drop duplicates.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+from sqlalchemy import Connection
+from sqlmodel import Session
+
+from store.models import EventRow, utcnow
+
+__all__ = ["EVENT_TYPES", "EventType", "emit"]
+
+EventType: TypeAlias = Literal[
+    "request.opened",
+    "request.reminder",
+    "request.escalated",
+    "request.decided",
+    "request.expired",
+    "run.finished",
+    "run.failed",
+]
+EVENT_TYPES: tuple[EventType, ...] = (
+    "request.opened",
+    "request.reminder",
+    "request.escalated",
+    "request.decided",
+    "request.expired",
+    "run.finished",
+    "run.failed",
+)
+
+_EVENTS = EventRow.__table__  # type: ignore[attr-defined]
+
+
+def emit(
+    s: Session | Connection,
+    type: EventType,
+    *,
+    run_id: str | None = None,
+    request_id: str | None = None,
+    now: datetime | None = None,
+    **fields: Any,
+) -> str:
+    """Record one event in the caller's transaction; returns its id."""
+    event_id = f"evt_{uuid.uuid4().hex}"
+    s.execute(
+        _EVENTS.insert().values(
+            id=event_id,
+            type=type,
+            run_id=run_id,
+            request_id=request_id,
+            payload={"runId": run_id, "requestId": request_id, **fields},
+            created_at=now or utcnow(),
+        )
+    )
+    return event_id

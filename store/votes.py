@@ -1,0 +1,139 @@
+"""Decisions on approvals: who may decide, one vote each, and the quorum that resolves them.
+
+A `tool_approval` request (`relayq.approvals`) resolves once `quorum` distinct
+approvers approved the same arguments, or `declines` distinct ones declined.
+An edit is an approval of the edited arguments: it becomes what later
+approvals approve, and approvals of other arguments stop counting towards the
+quorum (they approved something else). Every vote is kept, one per person
+(the table's key), and every vote is in the audit trail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from relayq import AlreadyVoted, Answer, AnswerMismatch, NotAnApprover, Request
+from relayq.approvals import (
+    approve,
+    arguments_digest,
+    arguments_of,
+    decision_of,
+    diff_arguments,
+    edit,
+)
+from store.audit import Decider, Outcome, record_decision
+from store.models import RequestRow, RunRow, VoteRow
+
+__all__ = ["Resolution", "check_may_decide", "current_arguments", "vote"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolution:
+    """The answer a request resolved with, and what it came to."""
+
+    answer: Answer
+    outcome: Outcome
+
+
+def check_may_decide(row: RequestRow, run: RunRow, decider: Decider) -> None:
+    """NotAnApprover unless `decider` is in the request's groups (if it names any), and is
+    not the run's starter where self-approval is forbidden."""
+    groups = row.approvers or []
+    if groups and not set(decider.groups) & set(groups):
+        raise NotAnApprover(
+            row.id,
+            decider.name,
+            "group",
+            f"{decider.name} is not in the approver groups of request {row.id} "
+            f"({', '.join(groups)})",
+        )
+    if row.forbid_self and run.started_by is not None and run.started_by == decider.name:
+        raise NotAnApprover(
+            row.id,
+            decider.name,
+            "self",
+            f"{decider.name} started run {run.id} and may not decide its request {row.id}",
+        )
+
+
+def current_arguments(s: Session, row: RequestRow, request: Request) -> dict[str, Any]:
+    """What an approval approves now: the latest edit's arguments, else the model's."""
+    edited = s.exec(
+        select(VoteRow)
+        .where(VoteRow.request_id == row.id, VoteRow.decision == "edit")
+        .order_by(col(VoteRow.at).desc())
+    ).first()
+    if edited is not None and edited.arguments is not None:
+        return dict(edited.arguments)
+    return arguments_of(request)
+
+
+def vote(
+    s: Session,
+    row: RequestRow,
+    run: RunRow,
+    request: Request,
+    answer: Answer,
+    decider: Decider,
+    *,
+    partial: bool,
+    now: datetime,
+) -> Resolution | None:
+    """Record `decider`'s decision; the Resolution once the request is decided, else None.
+
+    Refused, with nothing changed: a decision that is not one (AnswerMismatch), a
+    decider not allowed (NotAnApprover), a second vote (AlreadyVoted).
+    """
+    if partial:
+        raise AnswerMismatch(f"approval {row.id} takes a decision, not a partial answer", row.id)
+    decision = decision_of(request, answer)
+    check_may_decide(row, run, decider)
+    if s.get(VoteRow, (row.id, decider.name)) is not None:
+        raise AlreadyVoted(row.id, decider.name)
+    seen = current_arguments(s, row, request)
+    approved = seen if decision.arguments is None else decision.arguments
+    s.add(
+        VoteRow(
+            request_id=row.id,
+            voter=decider.name,
+            decision=decision.kind,
+            arguments=None if decision.kind == "decline" else approved,
+            reason=decision.reason,
+            step=row.step,
+            at=now,
+        )
+    )
+    s.flush()
+    record_decision(
+        s,
+        row,
+        decider,
+        _OUTCOMES[decision.kind],
+        now=now,
+        reason=decision.reason,
+        arguments_hash=arguments_digest(seen),
+        diff=diff_arguments(seen, approved) if decision.kind == "edit" else None,
+    )
+    return _tally(s, row, request)
+
+
+_OUTCOMES: dict[str, Outcome] = {"approve": "approved", "edit": "edited", "decline": "declined"}
+
+
+def _tally(s: Session, row: RequestRow, request: Request) -> Resolution | None:
+    votes = list(s.exec(select(VoteRow).where(VoteRow.request_id == row.id)))
+    declines = [v for v in votes if v.decision == "decline"]
+    if len(declines) >= row.declines:
+        reasons = "; ".join(v.reason or "declined" for v in declines)
+        return Resolution(answer=Answer(id=row.id, ok=False, reason=reasons), outcome="declined")
+    current = current_arguments(s, row, request)
+    approvals = [v for v in votes if v.decision != "decline" and v.arguments == current]
+    if len(approvals) < row.quorum:
+        return None
+    if current == arguments_of(request):
+        return Resolution(answer=approve(row.id), outcome="approved")
+    return Resolution(answer=edit(row.id, current), outcome="edited")
