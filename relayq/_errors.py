@@ -11,6 +11,7 @@
     │   ├── NotAnApprover        the decider is not in the request's approver groups, or
     │   │                        started the run and the request forbids self-approval
     │   ├── AlreadyVoted         the decider has already voted on this request
+    │   ├── BulkRefused          a decision on many requests refused whole: `.refused` says why
     │   └── UnstorableAnswer     it holds what the store cannot keep (a NUL, a lone surrogate, ...)
     │       └── AnswerTooLarge       it is over the size limit (RELAYQ_MAX_ANSWER_BYTES)
     ├── UnstorableInput      a new run's prompt, agent name or conversation id the store refuses
@@ -34,7 +35,7 @@
 
 The API and the CLI choose a status code and a message from an error's type
 alone: UnknownRequest, UnknownRun and UnknownAgent are 404; NotAnApprover 403;
-RequestClosed, CallAnswered, AlreadyVoted and ConversationBusy 409;
+RequestClosed, CallAnswered, AlreadyVoted, BulkRefused and ConversationBusy 409;
 AnswerTooLarge and InputTooLarge 413; every other ResumeError and UnstorableInput 422.
 
 Control flow that is not a failure (a tool asking for approval) is data, not an
@@ -51,6 +52,7 @@ __all__ = [
     "AlreadyVoted",
     "AnswerMismatch",
     "AnswerTooLarge",
+    "BulkRefused",
     "CallAnswered",
     "ConversationBusy",
     "RequestClosed",
@@ -160,6 +162,17 @@ class AlreadyVoted(ResumeError):
         super().__init__(f"{decider} has already voted on request {request_id}", request_id)
         self.args = (request_id, decider)
         self.decider = decider
+
+
+class BulkRefused(ResumeError):
+    """A decision on many requests was refused whole, nothing changed: `refused` holds
+    `(request_id, why)` for each request that could not take it."""
+
+    def __init__(self, refused: tuple[tuple[str, str], ...]) -> None:
+        ids = ", ".join(request_id for request_id, _ in refused)
+        super().__init__(f"nothing was decided: {len(refused)} request(s) refused it ({ids})")
+        self.args = (refused,)
+        self.refused = refused
 
 
 class RunCancelled(RelayqError):

@@ -4,7 +4,8 @@ SQLite (WAL) at `.relayq/relayq.db` by default; PostgreSQL via `RELAYQ_DATABASE_
 Everything here is plain functions over a `Database`; nothing imports Celery.
 """
 
-from store.answers import Accepted, accept_answer, apply_answer_of, expire_requests
+from store.answers import Accepted, accept_answer, accept_many, apply_answer_of, expire_requests
+from store.audit import Decider, decisions_of, list_decisions
 from store.db import Database, default_database_url
 from store.errors import StaleClaim, UnknownRun
 from store.ledger import ledger_get, ledger_put, ledger_start
@@ -71,11 +72,16 @@ __all__ = [
     "Accepted",
     "StoredRequest",
     "accept_answer",
+    "accept_many",
     "apply_answer_of",
     "cancel_run",
     "expire_requests",
     "get_request",
     "list_requests",
+    # approvals and the audit trail
+    "Decider",
+    "decisions_of",
+    "list_decisions",
     # maintenance
     "Recovery",
     "SweepReport",

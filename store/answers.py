@@ -17,7 +17,15 @@ from typing import Any
 from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
-from relayq import Answer, CallAnswered, Request, RequestClosed, ResumeError, UnknownRequest
+from relayq import (
+    Answer,
+    BulkRefused,
+    CallAnswered,
+    Request,
+    RequestClosed,
+    ResumeError,
+    UnknownRequest,
+)
 from relayq.approvals import is_approval
 from relayq.limits import check_answer
 from relayq.loop import apply_answer
@@ -43,6 +51,7 @@ from store.votes import vote
 __all__ = [
     "Accepted",
     "accept_answer",
+    "accept_many",
     "apply_answer_of",
     "expire_and_count",
     "expire_requests",
@@ -73,33 +82,75 @@ def accept_answer(
     """
     who = decider or Decider(name=answered_by or "anonymous")
     check_answer(answer, answered_by=who.name)  # what the store cannot keep, refused first
+    with db.write() as s:
+        return _accept(s, answer, who, partial=partial, now=utcnow())
+
+
+def accept_many(
+    db: Database,
+    answers: list[tuple[Answer, int | None]],
+    *,
+    decider: Decider,
+) -> list[Accepted]:
+    """Accept every answer, or none: one transaction; BulkRefused, with nothing changed,
+    naming each request that was refused and why.
+
+    Each answer may carry the request's `revision` as the decider saw it (a
+    preview): a request decided or voted on since is refused, not decided blind.
+    """
+    for answer, _ in answers:
+        check_answer(answer, answered_by=decider.name)
+    refused: list[tuple[str, str]] = []
+    accepted: list[Accepted] = []
     now = utcnow()
     with db.write() as s:
-        row, run = _lock(s, answer.id)
-        if row is None:
-            raise UnknownRequest(answer.id)
-        _check_open(s, row, now)
-        assert run is not None
-        request = request_of(row)
-        if is_approval(request):
-            resolved = vote(s, row, run, request, answer, who, partial=partial, now=now)
-            row.revision += 1
-            if resolved is None:
-                return Accepted(run_id=row.run_id, complete=False, outbox=[])
-            outbox = _resolve(s, row, resolved.answer, resolved.outcome, who, now)
-            return Accepted(run_id=row.run_id, complete=True, outbox=outbox)
-        previous = Answer.model_validate(row.answer) if row.answer else None
-        merged = _merge(request, previous, answer)
-        complete = _complete(request, merged, partial=partial)
-        outcome: Outcome = "answered" if answer.ok else "declined"
-        record_decision(s, row, who, outcome, now=now, reason=answer.reason)
+        # In one order, so two bulk decisions lock their runs without deadlock.
+        for answer, seen in sorted(answers, key=lambda pair: pair[0].id):
+            try:
+                if seen is not None:
+                    _check_revision(s, answer.id, seen)
+                accepted.append(_accept(s, answer, decider, partial=False, now=now))
+            except ResumeError as exc:
+                refused.append((answer.id, str(exc)))
+        if refused:
+            raise BulkRefused(tuple(refused))
+    return accepted
+
+
+def _check_revision(s: Session, request_id: str, seen: int) -> None:
+    revision = s.exec(select(RequestRow.revision).where(RequestRow.id == request_id)).first()
+    if revision is not None and revision != seen:
+        raise RequestClosed(
+            request_id, "changed", f"request {request_id} was decided or voted on since"
+        )
+
+
+def _accept(s: Session, answer: Answer, who: Decider, *, partial: bool, now: datetime) -> Accepted:
+    row, run = _lock(s, answer.id)
+    if row is None:
+        raise UnknownRequest(answer.id)
+    _check_open(s, row, now)
+    assert run is not None
+    request = request_of(row)
+    if is_approval(request):
+        resolved = vote(s, row, run, request, answer, who, partial=partial, now=now)
         row.revision += 1
-        if not complete:
-            row.answer = merged.model_dump(mode="json")
-            row.answered_by = who.name
+        if resolved is None:
             return Accepted(run_id=row.run_id, complete=False, outbox=[])
-        outbox = _resolve(s, row, merged, outcome, who, now)
+        outbox = _resolve(s, row, resolved.answer, resolved.outcome, who, now)
         return Accepted(run_id=row.run_id, complete=True, outbox=outbox)
+    previous = Answer.model_validate(row.answer) if row.answer else None
+    merged = _merge(request, previous, answer)
+    complete = _complete(request, merged, partial=partial)
+    outcome: Outcome = "answered" if answer.ok else "declined"
+    record_decision(s, row, who, outcome, now=now, reason=answer.reason)
+    row.revision += 1
+    if not complete:
+        row.answer = merged.model_dump(mode="json")
+        row.answered_by = who.name
+        return Accepted(run_id=row.run_id, complete=False, outbox=[])
+    outbox = _resolve(s, row, merged, outcome, who, now)
+    return Accepted(run_id=row.run_id, complete=True, outbox=outbox)
 
 
 def _resolve(

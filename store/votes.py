@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from relayq import AlreadyVoted, Answer, AnswerMismatch, NotAnApprover, Request
+from relayq import AlreadyVoted, Answer, AnswerMismatch, NotAnApprover, Request, UnknownRequest
 from relayq.approvals import (
     approve,
     arguments_digest,
@@ -26,9 +26,11 @@ from relayq.approvals import (
     edit,
 )
 from store.audit import Decider, Outcome, record_decision
+from store.db import Database
 from store.models import RequestRow, RunRow, VoteRow
+from store.requests import request_of
 
-__all__ = ["Resolution", "check_may_decide", "current_arguments", "vote"]
+__all__ = ["Resolution", "check_may_decide", "current_arguments", "proposed_arguments", "vote"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +72,15 @@ def current_arguments(s: Session, row: RequestRow, request: Request) -> dict[str
     if edited is not None and edited.arguments is not None:
         return dict(edited.arguments)
     return arguments_of(request)
+
+
+def proposed_arguments(db: Database, request_id: str) -> dict[str, Any]:
+    """What approving request `request_id` would approve now (UnknownRequest if none)."""
+    with db.read() as s:
+        row = s.get(RequestRow, request_id)
+        if row is None:
+            raise UnknownRequest(request_id)
+        return current_arguments(s, row, request_of(row))
 
 
 def vote(

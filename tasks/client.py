@@ -45,6 +45,7 @@ from store import (
     run_result,
     settled,
 )
+from store.audit import Decider
 from tasks.publish import publish, sender_app
 from tasks.settings import Settings
 
@@ -132,10 +133,16 @@ class DurableClient:
         await asyncio.to_thread(publish, self.app, self.db, rows)
 
     async def start(
-        self, agent: Agent | str, prompt: str, *, conversation_id: str | None = None
+        self,
+        agent: Agent | str,
+        prompt: str,
+        *,
+        conversation_id: str | None = None,
+        started_by: str | None = None,
     ) -> str:
         """Queue a run of `agent` on `prompt`; returns its id at once (in eager mode,
-        once the run has settled).
+        once the run has settled). `started_by` names who asked, for the approvals
+        that forbid self-approval.
 
         UnstorableInput (InputTooLarge), with nothing written, for a prompt the
         store cannot keep: a NUL character, a lone surrogate, over the size limit.
@@ -155,11 +162,14 @@ class DurableClient:
             conversation_id=conversation_id,
             tools_digest=digest,
             queue=queue,
+            started_by=started_by,
         )
         await self._publish([row])
         return run_id
 
-    async def start_many(self, agent: Agent | str, prompts: list[str]) -> list[str]:
+    async def start_many(
+        self, agent: Agent | str, prompts: list[str], *, started_by: str | None = None
+    ) -> list[str]:
         """Queue one run per prompt, in one transaction; returns their ids in order.
 
         For batch jobs: far faster than `start` in a loop. One prompt the store
@@ -169,7 +179,13 @@ class DurableClient:
         check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
         runs = [(new_id("run"), prompt) for prompt in prompts]
         rows = await asyncio.to_thread(
-            create_runs, self.db, agent=name, runs=runs, tools_digest=digest, queue=queue
+            create_runs,
+            self.db,
+            agent=name,
+            runs=runs,
+            tools_digest=digest,
+            queue=queue,
+            started_by=started_by,
         )
         await self._publish(rows)
         return [run_id for run_id, _ in runs]
@@ -265,9 +281,15 @@ class DurableClient:
         *,
         answered_by: str | None = None,
         partial: bool = False,
+        decider: Decider | None = None,
     ) -> str:
         """Validate and record an answer, then resume its run; returns the run id (in
         eager mode, once the run has settled again).
+
+        `decider` says who answers, for the audit trail and an approval's groups
+        (by default `answered_by`, through Python). An answer to an approval is a
+        decision (`relayq.approvals.approve`, `edit`, `decline`) and counts as its
+        decider's vote: the run resumes once the request's quorum is reached.
 
         Raises ResumeError, changing nothing, for a malformed answer (parsed as
         strictly as the HTTP API parses it: `"ok": "yes"` is refused), an
@@ -278,9 +300,15 @@ class DurableClient:
         call has one.
         """
         reply = _answer_of(answer)
-        check_answer(reply, answered_by=answered_by, max_bytes=self.settings.max_answer_bytes)
+        who = decider.name if decider is not None else answered_by
+        check_answer(reply, answered_by=who, max_bytes=self.settings.max_answer_bytes)
         accepted = await asyncio.to_thread(
-            accept_answer, self.db, reply, answered_by=answered_by, partial=partial
+            accept_answer,
+            self.db,
+            reply,
+            answered_by=answered_by,
+            partial=partial,
+            decider=decider,
         )
         await self._publish(accepted.outbox)
         return accepted.run_id

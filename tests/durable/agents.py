@@ -26,6 +26,7 @@ from relayq import (
     define_tool,
     pending,
 )
+from relayq.approvals import requires_approval
 from relayq.relay import relay_tool
 from store import Database, LedgerRow
 
@@ -350,3 +351,43 @@ def later_model(req: InProcessRequest) -> InProcessResponse:
 
 
 later = Agent("later", later_model)
+
+
+# Refunds that two people in finance must approve; the one who asked may not.
+REFUND_SCHEMA = {
+    "type": "object",
+    "properties": {"order": {"type": "string"}, "amount": {"type": "number", "maximum": 1000}},
+    "required": ["order", "amount"],
+    "additionalProperties": False,
+}
+
+
+def refund(args: dict[str, Any], ctx: ToolContext) -> str:
+    note("tool", f"refund {ctx.run_id} {args['amount']}")
+    return f"refunded {args['amount']} on order {args['order']}"
+
+
+def refunds_model(req: InProcessRequest) -> InProcessResponse:
+    outs = tool_outputs(req)
+    if outs:
+        return InProcessResponse(content=outs[0])
+    return InProcessResponse(
+        tool_calls=[
+            InProcessToolCall(id="c1", name="refund", arguments={"order": "17", "amount": 500})
+        ]
+    )
+
+
+refunds = Agent(
+    "refunds",
+    refunds_model,
+    tools=[
+        requires_approval(
+            define_tool("refund", "Refund an order", REFUND_SCHEMA, refund),
+            approvers=["finance"],
+            quorum=2,
+            forbid_self_approval=True,
+            prompt=lambda args: f"Refund {args.get('amount')} on order {args.get('order')}?",
+        )
+    ],
+)

@@ -24,7 +24,8 @@ def test_the_package_exports_exactly_these_names():
             "RelayqError", "Request", "ResumeError", "RunCancelled", "RunResult", "Tool",
             "ToolCallRecord", "ToolContext", "ToolResult", "Toolkit", "ToolkitError", "Usage",
             "create_in_process_client", "create_toolkit", "define_tool", "pending", "tool",
-            "AlreadyVoted", "AnswerMismatch", "AnswerTooLarge", "CallAnswered", "ConversationBusy",
+            "AlreadyVoted", "AnswerMismatch", "AnswerTooLarge", "BulkRefused", "CallAnswered",
+            "ConversationBusy",
             "InputTooLarge", "NotAnApprover", "RequestClosed", "UnknownAgent", "UnknownRequest",
             "UnstorableAnswer", "UnstorableInput",
         ]

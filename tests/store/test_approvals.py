@@ -13,6 +13,7 @@ from relayq import (
     AlreadyVoted,
     AnswerMismatch,
     BuiltinsConfig,
+    BulkRefused,
     InProcessResponse,
     NotAnApprover,
     RequestClosed,
@@ -24,7 +25,7 @@ from relayq import (
 )
 from relayq.approvals import EscalationStep, approve, decline, edit, requires_approval
 from relayq.relay import answer_output
-from store import Database, accept_answer, apply_answer_of, get_run, sweep
+from store import Database, accept_answer, accept_many, apply_answer_of, get_run, sweep
 from store.audit import Decider, decisions_of, list_decisions
 from store.models import EventRow, RequestRow, VoteRow, utcnow
 from tests.relayq.scripted import call, echo_tool_outputs
@@ -351,3 +352,46 @@ async def test_the_application_never_updates_or_deletes_a_decision(db: Database)
     assert touching, "the trail was written"
     assert all(s.lstrip().startswith(("insert", "select")) for s in touching), touching
     assert get_run(db, "run_1").status == "done"
+
+
+# Bulk decisions
+
+
+async def _three_halted(db: Database) -> tuple[Refunds, list[str]]:
+    refunds = Refunds()
+    ids = []
+    for n in range(3):
+        refund = define_tool("refund", "Refund", SCHEMA, refunds.refund)
+        kit = await _kit(requires_approval(refund))
+        start(db, run_id=f"run_{n}")
+        turn = await run_turn(db, f"run_{n}", kit, model_of(_refund_call(), echo_tool_outputs))
+        assert turn.pending is not None
+        ids.append(turn.pending.id)
+    return refunds, ids
+
+
+async def test_a_bulk_approval_decides_every_request_in_one_go(db: Database):
+    _, ids = await _three_halted(db)
+    seen = {rid: request_row(db, rid).revision for rid in ids}
+
+    accepted = accept_many(db, [(approve(rid), seen[rid]) for rid in ids], decider=ALICE)
+
+    assert [a.complete for a in accepted] == [True, True, True]
+    assert [request_row(db, rid).outcome for rid in ids] == ["approved"] * 3
+    assert len(outbox_rows(db, ANSWER_TASK)) == 3
+
+
+async def test_a_bulk_decision_is_all_or_nothing_and_names_what_was_decided_meanwhile(
+    db: Database,
+):
+    _, ids = await _three_halted(db)
+    seen = {rid: request_row(db, rid).revision for rid in ids}
+    accept_answer(db, decline(ids[1], "no"), decider=BOB)  # decided after the preview
+    before = snapshot(db)
+
+    with pytest.raises(BulkRefused) as refused:
+        accept_many(db, [(approve(rid), seen[rid]) for rid in ids], decider=ALICE)
+
+    assert [rid for rid, _ in refused.value.refused] == [ids[1]]
+    assert snapshot(db) == before
+    assert [request_row(db, rid).status for rid in (ids[0], ids[2])] == ["open", "open"]
