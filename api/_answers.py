@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 
 from api._errors import http_error
 from relayq import Answer, ResumeError
+from relayq.approvals import approve, is_approval
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
-from store import StoredRequest, get_request
+from store import Decider, StoredRequest, get_request
 from tasks import DurableClient
 
 __all__ = ["AnswerBody", "answer_request", "approval", "stored_request"]
@@ -88,18 +89,21 @@ async def stored_request(client: DurableClient, request_id: str) -> StoredReques
 
 
 async def answer_request(
-    client: DurableClient, answer: Answer, *, answered_by: str, partial: bool = False
+    client: DurableClient, answer: Answer, *, decider: Decider, partial: bool = False
 ) -> StoredRequest:
     """Submit the answer; 404, 409, 413 or 422 from the refusal's type (nothing changed)."""
     try:
-        await client.submit_answer(answer, answered_by=answered_by, partial=partial)
+        await client.submit_answer(answer, partial=partial, decider=decider)
     except ResumeError as exc:
         raise http_error(exc) from exc
     return await stored_request(client, answer.id)
 
 
 def approval(stored: StoredRequest, output: str) -> Answer:
-    """The inbox's approve button: `output` for every call of the request."""
+    """The inbox's approve button: for an approval, the typed decision (never the text);
+    else `output` for every call of the request."""
+    if is_approval(stored.request):
+        return approve(stored.request.id)
     calls = relay_calls_of(stored.request)
     if len(calls) > 1:
         return relay_answer(stored.request.id, [RelayResult(id=c.id, output=output) for c in calls])

@@ -1,6 +1,13 @@
-"""API tokens and roles.
+"""API tokens, roles and groups.
 
-`RELAYQ_API_TOKENS` holds comma-separated `name:role:token` entries. A role
+`RELAYQ_API_TOKENS` holds comma-separated `name:role:token` entries, each
+optionally followed by `:groups`, the holder's groups separated by `|`:
+
+    RELAYQ_API_TOKENS="vic:viewer:t0k-v,alice:approver:s3cret:finance|ops,sam:submitter:t0k-s"
+
+A token may contain neither `:` nor `,`; a group neither `|`, `:` nor `,`. The
+name is recorded as `answered_by` on every answer; the groups say which
+approval requests the holder may decide (those naming one of them). A role
 grants permissions:
 
 | role | read | answer requests | create and cancel runs |
@@ -9,11 +16,14 @@ grants permissions:
 | `approver` | yes | yes | |
 | `submitter` | yes | | yes |
 
-A token comes as `Authorization: Bearer <token>`, or in the inbox's cookie.
+The JSON API takes a token only as `Authorization: Bearer <token>`; the
+inbox's cookie is no credential there, so a page that makes the browser send
+the cookie (another port of the host, a sibling subdomain) cannot call it.
 No token, or an unknown one, is a 401; a known token whose role lacks the
 permission is a 403. A token in the URL (`?token=...`) is a 401 too, whatever
 else the request carries: URLs end up in logs and browser history. Tokens are
-compared in constant time, and never logged (see `api._access`) nor echoed.
+compared in constant time, and never logged (see `api._access`) nor echoed,
+not even in the error for a malformed entry.
 """
 
 from __future__ import annotations
@@ -29,7 +39,6 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 __all__ = [
-    "COOKIE",
     "ROLES",
     "URL_TOKENS",
     "Answerer",
@@ -38,17 +47,18 @@ __all__ = [
     "Reader",
     "Submitter",
     "Tokens",
-    "principal_of",
+    "forbidden",
+    "refuse_tokens_in_url",
     "require",
+    "unauthorized",
 ]
-
-COOKIE = "relayq_token"
-"""The inbox's cookie: HttpOnly, SameSite=Strict, holding the token itself."""
 
 ROLES = ("viewer", "approver", "submitter")
 
 URL_TOKENS = frozenset({"token", "access_token", "api_key", "api_token"})
 """Query parameters that would carry a token in the URL: refused."""
+
+_FORMAT = "name:role:token or name:role:token:group|group"
 
 
 class Permission(Enum):
@@ -66,6 +76,8 @@ class Principal:
     name: str
     """Recorded as `answered_by` on every answer this token gives."""
     role: str
+    groups: tuple[str, ...] = ()
+    """The holder's groups, in the order configured; empty for a three-field entry."""
 
     def may(self, permission: Permission) -> bool:
         return self.role in permission.value
@@ -76,8 +88,39 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def _groups(field: str, where: str) -> tuple[str, ...]:
+    """`finance|ops` as ("finance", "ops"); an empty field is no group."""
+    if not field.strip():
+        return ()
+    groups = tuple(g.strip() for g in field.split("|"))
+    # The group is not quoted: a field mistyped from a token must not be echoed.
+    if not all(groups):
+        raise ValueError(f"RELAYQ_API_TOKENS {where}: an empty group name between '|'")
+    if len(set(groups)) != len(groups):
+        raise ValueError(f"RELAYQ_API_TOKENS {where}: a group is named twice")
+    return groups
+
+
+def _entry(n: int, entry: str) -> tuple[Principal, str]:
+    """One entry's principal and token; ValueError naming the entry, never its token."""
+    fields = entry.split(":")
+    if len(fields) not in (3, 4) or not fields[0].strip() or not fields[2]:
+        # Neither the fields nor the name: with fields out of place, either may be a token.
+        raise ValueError(
+            f"RELAYQ_API_TOKENS entry {n} is not {_FORMAT} (a token may not contain ':')"
+        )
+    name, role, token = fields[0].strip(), fields[1].strip(), fields[2]
+    where = f"entry {n} ({name})"
+    if role not in ROLES:
+        raise ValueError(
+            f"RELAYQ_API_TOKENS {where}: role {role!r} is not one of {', '.join(ROLES)}"
+        )
+    groups = _groups(fields[3], where) if len(fields) == 4 else ()
+    return Principal(name=name, role=role, groups=groups), token
+
+
 class Tokens:
-    """The configured tokens; `Tokens.parse("alice:approver:s3cret,...")`."""
+    """The configured tokens: `Tokens.parse("alice:approver:s3cret:finance|ops,...")`."""
 
     def __init__(self, entries: list[tuple[Principal, bytes]]) -> None:
         self._entries = entries
@@ -89,18 +132,13 @@ class Tokens:
         for n, entry in enumerate((e.strip() for e in spec.split(",")), start=1):
             if not entry:
                 continue
-            name, role, token = [*entry.split(":", 2), "", ""][:3]
-            if not name or not token:
-                raise ValueError(f"RELAYQ_API_TOKENS entry {n} is not name:role:token")
-            if role not in ROLES:
-                raise ValueError(
-                    f"RELAYQ_API_TOKENS entry {n} ({name}): role {role!r} is not one of "
-                    f"{', '.join(ROLES)}"
-                )
+            principal, token = _entry(n, entry)
             digest = _digest(token)
             if any(hmac.compare_digest(digest, d) for _, d in entries):
-                raise ValueError(f"RELAYQ_API_TOKENS entry {n} ({name}) repeats another's token")
-            entries.append((Principal(name=name, role=role), digest))
+                raise ValueError(
+                    f"RELAYQ_API_TOKENS entry {n} ({principal.name}) repeats another's token"
+                )
+            entries.append((principal, digest))
         return cls(entries)
 
     def __len__(self) -> int:
@@ -116,38 +154,47 @@ class Tokens:
         return found
 
 
+def unauthorized() -> HTTPException:
+    return HTTPException(
+        401, "a valid API token is required", headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def forbidden(who: Principal, permission: Permission) -> HTTPException:
+    return HTTPException(403, f"role {who.role!r} may not {permission.name.lower()} here")
+
+
+def refuse_tokens_in_url(request: Request) -> None:
+    """401 for a request with a token-like query parameter, whatever else it carries."""
+    if any(name in request.query_params for name in URL_TOKENS):
+        raise HTTPException(
+            401,
+            "a token is never taken from the URL; send it as Authorization: Bearer <token>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
 _bearer = HTTPBearer(auto_error=False, description="An API token from RELAYQ_API_TOKENS")
 
 
-def principal_of(request: Request, bearer: HTTPAuthorizationCredentials | None) -> Principal | None:
-    """The bearer token's principal, else the cookie's; None if neither is a known token."""
-    tokens: Tokens = request.app.state.tokens
-    token = bearer.credentials if bearer is not None else request.cookies.get(COOKIE)
-    return tokens.lookup(token) if token else None
-
-
 def require(permission: Permission) -> Callable[..., Principal]:
-    """A dependency that returns the caller's principal, or refuses with 401 or 403."""
+    """A dependency that returns the bearer token's principal, or refuses with 401 or 403.
+
+    Only the Authorization header counts: a request carrying the inbox's cookie
+    alone is a 401, so the cookie can never call the API on the user's behalf.
+    """
 
     def dependency(
         request: Request,
         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> Principal:
-        if any(name in request.query_params for name in URL_TOKENS):
-            raise HTTPException(
-                401,
-                "a token is never taken from the URL; send it as Authorization: Bearer <token>",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        principal = principal_of(request, bearer)
+        refuse_tokens_in_url(request)
+        tokens: Tokens = request.app.state.tokens
+        principal = tokens.lookup(bearer.credentials) if bearer is not None else None
         if principal is None:
-            raise HTTPException(
-                401, "a valid API token is required", headers={"WWW-Authenticate": "Bearer"}
-            )
+            raise unauthorized()
         if not principal.may(permission):
-            raise HTTPException(
-                403, f"role {principal.role!r} may not {permission.name.lower()} here"
-            )
+            raise forbidden(principal, permission)
         return principal
 
     return dependency

@@ -26,6 +26,7 @@ from relayq import (
     UnstorableInput,
 )
 from store import UnknownRun
+from store.paging import BadQuery
 
 __all__ = ["http_error", "refused", "status_of"]
 
@@ -44,6 +45,7 @@ _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
     (InputTooLarge, 413),
     (ResumeError, 422),
     (UnstorableInput, 422),
+    (BadQuery, 422),
     (AgentError, 422),
 )
 

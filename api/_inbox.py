@@ -1,36 +1,71 @@
 """The approvals inbox: server-rendered pages and plain form posts, no build step.
 
 `GET /` shows the login form until the browser holds a token cookie, then
-the open requests, newest first, each with an approve and a decline form.
-The forms post and redirect back, so the page works without JavaScript; a
-few lines of script refresh the list on request events from `/api/events`.
+the open requests, each with an approve and a decline form. The forms post
+and redirect back, so the page works without JavaScript; `/static/inbox.js`
+refreshes the list on request events from `/events` (the inbox's own stream:
+the API's takes no cookie).
+
+The cookie is the session: HttpOnly, SameSite=Strict, holding the token. Each
+form post must also carry the CSRF token the page was rendered with, bound to
+that cookie (the login form's, to a nonce cookie of its own); without it the
+post is a 403 and changes nothing (see `api._security`). After an action the
+redirected page says what was done, from a signed, short-lived flash cookie.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
 
 from api._answers import answer_request, approval, stored_request
-from api._auth import COOKIE, Answerer, Permission, Principal, Reader
+from api._approvals import decider_of
+from api._auth import (
+    Permission,
+    Principal,
+    Tokens,
+    forbidden,
+    refuse_tokens_in_url,
+    unauthorized,
+)
+from api._events import event_stream
+from api._security import Signer
 from relayq import Answer
 from relayq.relay import answer_declined, relay_calls_of
 from store import StoredRequest
 from tasks import DurableClient
 
-__all__ = ["router"]
+__all__ = ["COOKIE", "CSRF_FIELD", "CSRF_REFUSED", "FLASH_COOKIE", "LOGIN_COOKIE", "router"]
+
+COOKIE = "relayq_token"
+"""The session: HttpOnly, SameSite=Strict, holding the token itself."""
+LOGIN_COOKIE = "relayq_login"
+"""A nonce the login form's CSRF token is bound to, before there is a session."""
+FLASH_COOKIE = "relayq_flash"
+"""What the last action did, signed; read once by the page it redirects to."""
+CSRF_FIELD = "csrf_token"
+CSRF_REFUSED = (
+    "this form did not come from this inbox's page (no valid CSRF token); nothing was "
+    "changed. Reload the inbox and try again."
+)
+
+_FLASHES = {"approved": "Approved {}.", "declined": "Declined {}.", "logged_out": "Logged out."}
+_FLASH_SECONDS = 60
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 # Jinja2Templates autoescapes .html templates; say so, since the pages show model-made text.
 templates.env.autoescape = True
 
-# The inbox must not be framed by another site (clickjacking an approve button).
-_HEADERS = {"Content-Security-Policy": "frame-ancestors 'none'", "Cache-Control": "no-store"}
+# The security headers come from api._security.SecurityHeaders; pages are personal: no cache.
+_HEADERS = {"Cache-Control": "no-store"}
 
 router = APIRouter(include_in_schema=False)
 
@@ -38,6 +73,11 @@ router = APIRouter(include_in_schema=False)
 def _client(request: Request) -> DurableClient:
     client: DurableClient = request.app.state.client
     return client
+
+
+def _signer(request: Request) -> Signer:
+    signer: Signer = request.app.state.signer
+    return signer
 
 
 def _pretty(value: Any) -> str:
@@ -60,12 +100,54 @@ def _item(stored: StoredRequest) -> dict[str, Any]:
     }
 
 
-def _login(request: Request, *, error: str | None = None, status: int = 200) -> Response:
-    response = templates.TemplateResponse(
-        request, "login.html", {"error": error}, status_code=status, headers=_HEADERS
+def _set_cookie(request: Request, response: Response, name: str, value: str, **kw: Any) -> None:
+    response.set_cookie(
+        name,
+        value,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+        **kw,
     )
+
+
+def _flash(request: Request) -> str | None:
+    """The message the last action left, if the server signed it."""
+    value = request.cookies.get(FLASH_COOKIE)
+    found = _signer(request).read_flash(value) if value else None
+    if found is None or found[0] not in _FLASHES:
+        return None
+    kind, subject = found
+    return _FLASHES[kind].format(subject)
+
+
+def _redirect(request: Request, kind: str, subject: str = "") -> RedirectResponse:
+    response = RedirectResponse("/", status_code=303)
+    flash = _signer(request).flash(kind, subject)
+    _set_cookie(request, response, FLASH_COOKIE, flash, max_age=_FLASH_SECONDS)
+    return response
+
+
+def _page(request: Request, name: str, context: dict[str, Any], status: int) -> Response:
+    """A page, with the flash shown (and then forgotten) if the last action left one."""
+    flash = _flash(request)
+    response = templates.TemplateResponse(
+        request, name, {**context, "flash": flash}, status_code=status, headers=_HEADERS
+    )
+    if FLASH_COOKIE in request.cookies:
+        response.delete_cookie(FLASH_COOKIE, path="/")
+    return response
+
+
+def _login(request: Request, *, error: str | None = None, status: int = 200) -> Response:
+    # Kept while it lasts, so that two tabs showing the login form both work.
+    nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
+    csrf = _signer(request).csrf_token(nonce)
+    response = _page(request, "login.html", {"error": error, "csrf": csrf}, status)
+    _set_cookie(request, response, LOGIN_COOKIE, nonce)
     if error is not None:
-        response.delete_cookie(COOKIE)
+        response.delete_cookie(COOKIE, path="/")
     return response
 
 
@@ -78,10 +160,58 @@ async def _inbox(
         "can_answer": who.may(Permission.ANSWER),
         "requests": [_item(s) for s in stored],
         "error": error,
+        # Bound to the cookie this request came with: the page holds the only copy.
+        "csrf": _signer(request).csrf_token(request.cookies[COOKIE]),
     }
-    return templates.TemplateResponse(
-        request, "inbox.html", context, status_code=status, headers=_HEADERS
-    )
+    return _page(request, "inbox.html", context, status)
+
+
+def _session_of(request: Request) -> Principal:
+    """The cookie's principal; 401 without one (a bearer token is no session here)."""
+    refuse_tokens_in_url(request)
+    tokens: Tokens = request.app.state.tokens
+    token = request.cookies.get(COOKIE)
+    who = tokens.lookup(token) if token else None
+    if who is None:
+        raise unauthorized()
+    return who
+
+
+def _session(permission: Permission) -> Callable[..., Principal]:
+    """A dependency: the cookie's principal (401), with `permission` (403)."""
+
+    def dependency(request: Request) -> Principal:
+        who = _session_of(request)
+        if not who.may(permission):
+            raise forbidden(who, permission)
+        return who
+
+    return dependency
+
+
+def _form(permission: Permission) -> Callable[..., Principal]:
+    """As `_session`, for a form post: 403 unless it carries its page's CSRF token."""
+
+    def dependency(request: Request, csrf_token: Annotated[str, Form()] = "") -> Principal:
+        who = _session_of(request)
+        if not _signer(request).csrf_valid(request.cookies.get(COOKIE), csrf_token):
+            raise HTTPException(403, CSRF_REFUSED)
+        if not who.may(permission):
+            raise forbidden(who, permission)
+        return who
+
+    return dependency
+
+
+def _login_form(request: Request, csrf_token: Annotated[str, Form()] = "") -> None:
+    """403 for a login post that did not come from the login page this browser was shown."""
+    if not _signer(request).csrf_valid(request.cookies.get(LOGIN_COOKIE), csrf_token):
+        raise HTTPException(403, CSRF_REFUSED)
+
+
+Viewing = Annotated[Principal, Depends(_session(Permission.READ))]
+Posting = Annotated[Principal, Depends(_form(Permission.READ))]
+Answering = Annotated[Principal, Depends(_form(Permission.ANSWER))]
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -95,56 +225,63 @@ async def inbox(request: Request) -> Response:
     return await _inbox(request, who)
 
 
-@router.post("/login", response_class=HTMLResponse)
+@router.post("/login", response_class=HTMLResponse, dependencies=[Depends(_login_form)])
 async def login(request: Request, token: Annotated[str, Form()]) -> Response:
     if request.app.state.tokens.lookup(token) is None:
         return _login(request, error="Unknown token.", status=401)
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(
-        COOKIE,
-        token,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-        path="/",
-    )
+    _set_cookie(request, response, COOKIE, token)
+    response.delete_cookie(LOGIN_COOKIE, path="/")
     return response
 
 
 @router.post("/logout")
-async def logout(who: Reader) -> Response:
-    response = RedirectResponse("/", status_code=303)
-    response.delete_cookie(COOKIE)
+async def logout(request: Request, who: Posting) -> Response:
+    response = _redirect(request, "logged_out")
+    response.delete_cookie(COOKIE, path="/")
     return response
 
 
-async def _answer(request: Request, who: Principal, answer: Answer) -> Response:
+@router.get("/events", response_class=EventSourceResponse)
+async def events(request: Request, who: Viewing) -> AsyncIterator[ServerSentEvent]:
+    """The API's event stream, for the inbox's page: it has the cookie, not a bearer token."""
+    state: Any = request.app.state
+    state.event_streams += 1
     try:
-        await answer_request(_client(request), answer, answered_by=who.name)
+        async for event in event_stream(_client(request).db):
+            yield event
+    finally:
+        state.event_streams -= 1
+
+
+async def _answer(request: Request, who: Principal, answer: Answer, done: str) -> Response:
+    try:
+        await answer_request(_client(request), answer, decider=decider_of(who, "inbox"))
     except HTTPException as exc:
         return await _inbox(request, who, error=str(exc.detail), status=exc.status_code)
-    return RedirectResponse("/", status_code=303)
+    return _redirect(request, done, answer.id)
 
 
 @router.post("/requests/{request_id}/approve")
 async def approve(
     request_id: str,
     request: Request,
-    who: Answerer,
+    who: Answering,
     output: Annotated[str, Form()] = "approved",
 ) -> Response:
     try:
         stored = await stored_request(_client(request), request_id)
     except HTTPException as exc:
         return await _inbox(request, who, error=str(exc.detail), status=exc.status_code)
-    return await _answer(request, who, approval(stored, output))
+    return await _answer(request, who, approval(stored, output), "approved")
 
 
 @router.post("/requests/{request_id}/decline")
 async def decline(
     request_id: str,
     request: Request,
-    who: Answerer,
+    who: Answering,
     reason: Annotated[str, Form()] = "declined",
 ) -> Response:
-    return await _answer(request, who, answer_declined(request_id, reason or "declined"))
+    answer = answer_declined(request_id, reason or "declined")
+    return await _answer(request, who, answer, "declined")

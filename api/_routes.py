@@ -6,17 +6,20 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from api._answers import AnswerBody, answer_request, stored_request
+from api._approvals import decider_of
 from api._auth import Answerer, Reader, Submitter
 from api._events import event_stream
 from relayq import RunResult
 from relayq.agents import get_agent
-from store import RunRow, StoredRequest
+from store import BadQuery, RequestPage, RunRow, StoredRequest
+from store.paging import DEFAULT_PAGE, MAX_PAGE
+from store.requests import RequestSort, SortOrder
 from tasks import DurableClient
 
 __all__ = ["router"]
@@ -24,7 +27,6 @@ __all__ = ["router"]
 RunStatusQuery = Literal[
     "queued", "running", "pending", "done", "failed", "cancelled", "incomplete"
 ]
-RequestStatusQuery = Literal["open", "answered", "expired", "cancelled"]
 
 
 class _Camel(BaseModel):
@@ -86,7 +88,8 @@ async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
     what the store cannot keep (a NUL character, a lone surrogate).
     """
     # Refusals (UnknownAgent, InputTooLarge, ...) answer by their type: see api._errors.
-    return Created(id=await _client(request).start(get_agent(body.agent), body.prompt))
+    client = _client(request)
+    return Created(id=await client.start(get_agent(body.agent), body.prompt, started_by=who.name))
 
 
 @router.get("/runs")
@@ -119,16 +122,59 @@ async def cancel_run(run_id: str, request: Request, who: Submitter) -> Cancelled
 async def list_requests(
     request: Request,
     who: Reader,
-    status: RequestStatusQuery | None = None,
+    status: Annotated[
+        list[str] | None,
+        Query(description="open, answered, expired, cancelled; repeat it or comma-separate"),
+    ] = None,
     agent: str | None = None,
+    tool: str | None = None,
     kind: str | None = None,
+    group: Annotated[str | None, Query(description="an approver group the request names")] = None,
     run_id: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> list[StoredRequest]:
-    """Requests, newest first; every status unless `status` is given."""
-    return await _client(request).requests(
-        status, agent=agent, kind=kind, run_id=run_id, limit=limit
-    )
+    q: Annotated[
+        str | None,
+        Query(max_length=500, description="text in the prompt or the arguments, any case"),
+    ] = None,
+    created_after: Annotated[datetime | None, Query(description="at or after; with zone")] = None,
+    created_before: Annotated[datetime | None, Query(description="before; with zone")] = None,
+    sort: RequestSort = "age",
+    order: SortOrder = "asc",
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+    cursor: Annotated[
+        str | None, Query(max_length=2048, description="the nextCursor of the page before")
+    ] = None,
+) -> RequestPage:
+    """A page of requests, oldest first (every status unless `status` is given), with
+    `total`, all that match, and `nextCursor`, the `cursor` of the next page (null on
+    the last). 422: an unknown status, sort or order, a time without a zone, or a
+    cursor that was edited or made for another sort.
+    """
+    try:
+        page = await _client(request).requests(
+            _statuses(status),
+            agent=agent,
+            tool=tool,
+            kind=kind,
+            group=group,
+            run_id=run_id,
+            search=q,
+            created_after=created_after,
+            created_before=created_before,
+            sort=sort,
+            order=order,
+            limit=limit,
+            cursor=cursor,
+        )
+    except BadQuery as exc:  # the caller's query, not the server: 422 with the store's reason
+        raise HTTPException(422, str(exc)) from None
+    return RequestPage.of(page)
+
+
+def _statuses(given: list[str] | None) -> list[str] | None:
+    """`?status=open&status=expired` and `?status=open,expired` alike; none: every status."""
+    if not given:
+        return None
+    return [s.strip() for value in given for s in value.split(",") if s.strip()] or None
 
 
 @router.get("/requests/{request_id}")
@@ -147,7 +193,10 @@ async def answer(
     not fit the request's calls, or holds what the store cannot keep.
     """
     return await answer_request(
-        _client(request), body.answer(request_id), answered_by=who.name, partial=body.partial
+        _client(request),
+        body.answer(request_id),
+        decider=decider_of(who, "api"),
+        partial=body.partial,
     )
 
 

@@ -4,12 +4,19 @@
 
 | permission | routes |
 |---|---|
-| none | `GET /` (the login form, without a cookie), `POST /login`, `/docs`, `/openapi.json` |
-| read (any role) | `GET /` (the inbox), `GET /api/runs`, `GET /api/runs/{id}`, |
-| | `GET /api/requests`, `GET /api/requests/{id}`, `GET /api/events`, `POST /logout` |
-| answer (`approver`) | `POST /api/requests/{id}/answer`, |
-| | `POST /requests/{id}/approve`, `POST /requests/{id}/decline` |
+| none | `GET /` (the login form, without a cookie), `POST /login`, `/static/*`, |
+| | `/docs`, `/openapi.json` |
+| read (any role) | `GET /api/runs`, `GET /api/runs/{id}`, `GET /api/requests`, |
+| | `GET /api/requests/{id}`, `GET /api/requests/{id}/decisions`, `GET /api/audit`, |
+| | `GET /api/events`; the inbox's `GET /`, `GET /events`, |
+| | `POST /logout` |
+| answer (`approver`) | `POST /api/requests/{id}/answer`, `POST /api/requests/{id}/decision`; |
+| | the inbox's `POST /requests/{id}/approve`, `POST /requests/{id}/decline` |
 | submit (`submitter`) | `POST /api/runs`, `POST /api/runs/{id}/cancel` |
+
+`/api/...` takes a bearer token only; the inbox's routes take its cookie only,
+and its form posts a CSRF token as well (`api._security`). Every response
+carries the security headers.
 """
 
 from __future__ import annotations
@@ -18,16 +25,20 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.staticfiles import StaticFiles
 
 from api._access import install as hide_secrets_from_access_log
+from api._approvals import router as approvals_router
 from api._auth import Tokens
 from api._errors import refused
 from api._inbox import router as inbox_router
 from api._limits import BodyLimit, body_limit, invalid_body
 from api._routes import router as api_router
+from api._security import SecurityHeaders, Signer, secret_from
 from relayq import RelayqError
 from relayq.agents import load_agents
 from tasks import DurableClient, Settings
@@ -36,14 +47,21 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("relayq.api")
 
+STATIC = Path(__file__).parent / "static"
 
-def create_app(settings: Settings | None = None, *, tokens: str | None = None) -> FastAPI:
-    """The API app; `tokens` is `name:role:token,...` (default: `RELAYQ_API_TOKENS`).
+
+def create_app(
+    settings: Settings | None = None, *, tokens: str | None = None, secret: str | None = None
+) -> FastAPI:
+    """The API app; `tokens` is `name:role:token[:group|group],...` (default:
+    `RELAYQ_API_TOKENS`), `secret` signs the inbox's form tokens and flash cookies
+    (default: `RELAYQ_API_SECRET`, else a random one for this process).
 
     One DurableClient (the store and the sender app) serves the app's whole life.
     """
     settings = settings or Settings.from_env()
     parsed = Tokens.parse(os.environ.get("RELAYQ_API_TOKENS", "") if tokens is None else tokens)
+    signer = Signer(secret_from(os.environ.get("RELAYQ_API_SECRET") if secret is None else secret))
     if not parsed:
         log.warning("no API tokens configured (RELAYQ_API_TOKENS): every request will get 401")
     # The host validates agent names, so it must know the agents the workers run.
@@ -64,11 +82,22 @@ def create_app(settings: Settings | None = None, *, tokens: str | None = None) -
         lifespan=lifespan,
     )
     app.state.tokens = parsed
+    app.state.signer = signer
     app.state.event_streams = 0
     # A body larger than any answer the store takes is refused before it is read.
     app.add_middleware(BodyLimit, max_bytes=body_limit(settings.max_answer_bytes))
+    # Added last, so outermost: its headers go on the 413s above too.
+    app.add_middleware(SecurityHeaders, docs_paths=_docs_paths(app))
     app.add_exception_handler(RequestValidationError, invalid_body)
     app.add_exception_handler(RelayqError, refused)
     app.include_router(api_router)
+    app.include_router(approvals_router)
     app.include_router(inbox_router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+def _docs_paths(app: FastAPI) -> tuple[str, ...]:
+    """The Swagger UI and ReDoc pages: the only ones that run inline script (FastAPI's)."""
+    paths = (app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
+    return tuple(p for p in paths if p)

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from cli._common import console, fail, run_with_client
 from relayq import Answer
-from relayq.approvals import approve, decline, edit
+from relayq.approvals import approve, edit
 from store import Decider, list_decisions
 from store.votes import proposed_arguments
 from tasks.client import DurableClient
@@ -64,10 +64,6 @@ def decision_answer(
         return approve(request_id)
     current = proposed_arguments(client.db, request_id)
     return edit(request_id, {**current, **parse_edits(edits)})
-
-
-def decline_answer(request_id: str, reason: str) -> Answer:
-    return decline(request_id, reason)
 
 
 def audit(

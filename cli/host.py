@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import getpass
 import json
+import re
+import shlex
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from pydantic import ValidationError
@@ -16,10 +18,14 @@ from rich.table import Table
 from rich.text import Text
 
 from cli._common import console, fail, known_agent, run_with_client, settings
-from cli.render import MessagePrinter, age, clip, print_pending, status_style
+from cli.approvals import cli_decider, decision_answer
+from cli.render import MessagePrinter, age, clip, print_pending, print_requests, status_style
 from relayq import Answer, RunResult
-from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer, relay_calls_of
-from store import FINISHED, get_request, get_run, settled
+from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
+from store import FINISHED, Page, RequestPage, StoredRequest, get_request, get_run, settled
+from store.paging import DEFAULT_PAGE, MAX_PAGE
+from store.requests import STATUSES as STORED_STATUSES
+from store.requests import RequestSort, SortOrder
 from tasks.client import DurableClient, WaitTimeout
 
 __all__ = ["answer", "cancel", "pending", "run", "runs", "show"]
@@ -89,27 +95,131 @@ def _finish(out: Console, result: RunResult) -> None:
 
 
 def pending(
+    ctx: typer.Context,
     agent: Annotated[str | None, typer.Option(help="Only this agent's requests.")] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 100,
+    tool: Annotated[str | None, typer.Option(help="Only requests about this tool.")] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="Only requests of this kind (tool_call, approval, ...).")
+    ] = None,
+    group: Annotated[
+        str | None, typer.Option(help="Only requests whose approver groups name this group.")
+    ] = None,
+    run_id: Annotated[str | None, typer.Option("--run", help="Only this run's requests.")] = None,
+    search: Annotated[
+        str | None,
+        typer.Option("--search", "-q", help="Text in the prompt or the arguments, any case."),
+    ] = None,
+    older_than: Annotated[
+        str | None, typer.Option(help="Only requests older than this: 90s, 15m, 2h, 3d, 1w.")
+    ] = None,
+    newer_than: Annotated[
+        str | None, typer.Option(help="Only requests at most this old: 90s, 15m, 2h, 3d, 1w.")
+    ] = None,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="open (the default), answered, expired, cancelled, or all; repeat for several."
+        ),
+    ] = None,
+    sort: Annotated[str, typer.Option(help="age (oldest first), agent or tool.")] = "age",
+    order: Annotated[str, typer.Option(help="asc, or desc for the exact reverse.")] = "asc",
+    limit: Annotated[
+        int, typer.Option(min=1, max=MAX_PAGE, help="Requests on a page.")
+    ] = DEFAULT_PAGE,
+    cursor: Annotated[
+        str | None, typer.Option(help="Show the page after the one that printed this cursor.")
+    ] = None,
+    all_pages: Annotated[bool, typer.Option("--all", help="Every page, not only one.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the page as the API does (items, total, ...).")
+    ] = False,
 ) -> None:
-    """List the open requests: what each run waits on the host for."""
-    requests = run_with_client(lambda c: c.requests("open", agent=agent, limit=limit))
-    out = console()
-    if not requests:
-        out.print("no open requests")
-        return
-    table = Table("request", "agent", "run", "calls", "age")
-    table.columns[0].no_wrap = table.columns[2].no_wrap = True
-    for stored in requests:
-        request = stored.request
-        calls = relay_calls_of(request)
-        what = (
-            "; ".join(f"{c.name} {clip(json.dumps(c.input), 60)}" for c in calls)
-            if calls
-            else f"{request.kind}: {clip(request.prompt, 60)}"
+    """List open requests, oldest (the most urgent) first, a page at a time.
+
+    Says how many match in all, and the command for the next page. Filters
+    combine; `--status all` lists every status.
+    """
+    statuses = _request_statuses(status)
+    now = datetime.now(UTC)
+    before = None if older_than is None else now - _duration(older_than)
+    after = None if newer_than is None else now - _duration(newer_than)
+    sort_by = cast(RequestSort, _choice(sort, ("age", "agent", "tool"), "--sort"))
+    direction = cast(SortOrder, _choice(order, ("asc", "desc"), "--order"))
+
+    async def load(client: DurableClient) -> Page[StoredRequest]:
+        return await client.requests(
+            statuses,
+            agent=agent,
+            tool=tool,
+            kind=kind,
+            group=group,
+            run_id=run_id,
+            search=search,
+            created_before=before,
+            created_after=after,
+            sort=sort_by,
+            order=direction,
+            limit=limit,
+            cursor=cursor,
+            all_pages=all_pages,
         )
-        table.add_row(request.id, stored.agent, stored.run_id, what, age(stored.created_at))
-    out.print(table)
+
+    page = run_with_client(load)
+    if as_json:
+        typer.echo(RequestPage.of(page).model_dump_json(by_alias=True, indent=2))
+        return
+    more = None if page.next_cursor is None else _next_page_command(ctx, page.next_cursor)
+    what = f"{' or '.join(statuses)} requests" if statuses else "requests"
+    print_requests(
+        console(), page, what=what, order=_order_words(sort_by, direction), more=more,
+        with_status=statuses != ["open"],
+    )  # fmt: skip
+
+
+def _request_statuses(given: list[str] | None) -> list[str] | None:
+    """The statuses asked for, `open` when none; None (every status) for `all`."""
+    names = [s.strip() for value in given or ["open"] for s in value.split(",") if s.strip()]
+    if "all" in names:
+        return None
+    for name in names:
+        _choice(name, (*STORED_STATUSES, "all"), "--status")
+    return names or ["open"]
+
+
+def _choice(value: str, choices: tuple[str, ...], option: str) -> str:
+    if value not in choices:
+        fail(f"unknown {option} {value!r}; one of {', '.join(choices)}")
+    return value
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _duration(text: str) -> timedelta:
+    """`90s`, `15m`, `2h`, `3d`, `1w`: the units `relayq pending` shows ages in."""
+    found = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
+    if found is None:
+        fail(f"cannot read {text!r} as an age; write a number and a unit: 90s, 15m, 2h, 3d, 1w")
+    return timedelta(seconds=int(found.group(1)) * _UNITS[found.group(2)])
+
+
+def _order_words(sort: str, order: str) -> str:
+    first = "oldest first" if order == "asc" else "newest first"
+    if sort == "age":
+        return first
+    return f"by {sort} ({'A to Z' if order == 'asc' else 'Z to A'}), then {first}"
+
+
+def _next_page_command(ctx: typer.Context, next_cursor: str) -> str:
+    """This very command, its options as given, with the cursor of the next page."""
+    words = ["relayq", ctx.info_name or "pending"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name in ("cursor", "all_pages", "as_json") or value in (None, (), param.default):
+            continue
+        for one in value if isinstance(value, list | tuple) else [value]:
+            words += [next(o for o in param.opts if o.startswith("--")), str(one)]
+    return shlex.join([*words, "--cursor", next_cursor])
 
 
 def show(run_id: Annotated[str, typer.Argument(help="The run's id.")]) -> None:
@@ -118,8 +228,8 @@ def show(run_id: Annotated[str, typer.Argument(help="The run's id.")]) -> None:
     async def load(client: DurableClient) -> tuple[Any, RunResult, list[Any]]:
         row = await asyncio.to_thread(get_run, client.db, run_id)
         result = await client.result(run_id)
-        requests = await client.requests(None, run_id=run_id)
-        return row, result, requests
+        requests = await client.requests(None, run_id=run_id, all_pages=True)
+        return row, result, list(requests)
 
     row, result, requests = run_with_client(load)
     out = console()
@@ -136,7 +246,7 @@ def show(run_id: Annotated[str, typer.Argument(help="The run's id.")]) -> None:
     printer = MessagePrinter(out, show_turns=True)
     for message in result.messages:
         printer.print(message)
-    for stored in reversed(requests):  # oldest first, as in the transcript
+    for stored in requests:  # oldest first, as in the transcript
         if stored.status == "open":
             continue
         by = f" by {stored.answered_by}" if stored.answered_by else ""
@@ -164,6 +274,17 @@ def answer(
             dir_okay=False,
         ),
     ] = None,
+    approve: Annotated[
+        bool, typer.Option("--approve", help="Approve an approval request as it stands.")
+    ] = False,
+    edit: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--edit",
+            help="Approve with this argument changed: key=value (JSON values: amount=50). "
+            "Repeat for more.",
+        ),
+    ] = None,
     decline: Annotated[
         str | None, typer.Option(help="Decline the request; each call gets this reason.")
     ] = None,
@@ -172,33 +293,45 @@ def answer(
     ] = False,
     answered_by: Annotated[
         str | None,
-        typer.Option("--as", help="Who answers, as recorded. [default: the OS user]"),
+        typer.Option("--as", help="Who answers, as recorded. [default: cli:<OS user>]"),
+    ] = None,
+    group: Annotated[
+        list[str] | None,
+        typer.Option("--group", help="An approver group you decide for. Repeat for more."),
     ] = None,
 ) -> None:
-    """Answer an open request (exactly one of --output, --results, --decline); the run goes on."""
-    given = sum(1 for v in (output, results, decline) if v is not None)
-    if given != 1:
-        fail(f"give exactly one of --output, --results, --decline (got {given})")
-    if output is not None:
-        reply = answer_output(request_id, output)
-    elif results is not None:
-        reply = relay_answer(request_id, _results_file(results))
-    else:
-        reply = answer_declined(request_id, decline or "declined")
-    who = answered_by or _os_user()
+    """Answer an open request (exactly one of --output, --results, --approve, --edit,
+    --decline); the run goes on. The OS user is recorded with every answer."""
+    edits = edit or []
+    chosen = (output is not None, results is not None, approve, bool(edits), decline is not None)
+    if sum(chosen) != 1:
+        fail(
+            "give exactly one of --output, --results, --approve, --edit, --decline "
+            f"(got {sum(chosen)})"
+        )
+    who = cli_decider(answered_by, group or [])
 
-    async def submit(client: DurableClient) -> tuple[str, str]:
-        run_id = await client.submit_answer(reply, answered_by=who, partial=partial)
+    async def submit(client: DurableClient) -> tuple[str, str, str]:
+        if approve or edits:
+            reply = decision_answer(client, request_id, approving=approve, edits=edits)
+            verb = "approved" if approve else "approved with edits"
+        elif output is not None:
+            reply, verb = answer_output(request_id, output), "answered"
+        elif results is not None:
+            reply, verb = relay_answer(request_id, _results_file(results)), "answered"
+        else:
+            reply, verb = answer_declined(request_id, decline or "declined"), "declined"
+        run_id = await client.submit_answer(reply, partial=partial, decider=who)
         stored = await asyncio.to_thread(get_request, client.db, request_id)
-        return run_id, stored.status
+        return run_id, stored.status, verb
 
-    run_id, status = run_with_client(submit)
+    run_id, status, verb = run_with_client(submit)
     out = console()
+    recorded = f"as {who.name} (OS user {who.os_user}, via the CLI)"
     if status == "open":
-        out.print(f"recorded partial results for {request_id}; it stays open for the other calls")
+        out.print(f"{verb} {request_id} {recorded}; it stays open for more answers or votes")
     else:
-        verb = "declined" if not reply.ok else "answered"
-        out.print(f"{verb} {request_id} as {who}; run {run_id} goes on (relayq show {run_id})")
+        out.print(f"{verb} {request_id} {recorded}; run {run_id} goes on (relayq show {run_id})")
 
 
 def _results_file(path: Path) -> list[RelayResult]:
@@ -225,13 +358,6 @@ def _results_file(path: Path) -> list[RelayResult]:
             field = ".".join(str(p) for p in first["loc"])
             fail(f"results file {path}: item {index}{'.' + field if field else ''}: {first['msg']}")
     return results
-
-
-def _os_user() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no login name and no passwd entry (some containers)
-        return "unknown"
 
 
 def cancel(run_id: Annotated[str, typer.Argument(help="The run's id.")]) -> None:

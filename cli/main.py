@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from cli import batch, host, processes
+from cli import approvals, batch, host, processes
 
 __all__ = ["app", "main"]
 
@@ -46,6 +46,7 @@ app.command()(host.cancel)
 # Requests
 app.command()(host.pending)
 app.command()(host.answer)
+app.command()(approvals.audit)
 
 
 def main() -> None:

@@ -7,12 +7,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from relayq import Request
 from relayq.relay import relay_calls_of
+from store import Page, StoredRequest
 
-__all__ = ["MessagePrinter", "age", "clip", "print_pending", "status_style"]
+__all__ = ["MessagePrinter", "age", "clip", "print_pending", "print_requests", "status_style"]
 
 NOTE = "relayq"  # relayq's own notes on a transcript message (see relayq._transcript)
 CLIP = 240
@@ -135,3 +137,51 @@ def print_pending(console: Console, request: Request) -> None:
     else:
         console.print(Text(f"  relayq answer {request.id} --output TEXT"))
     console.print(Text(f"  relayq answer {request.id} --decline REASON"))
+
+
+def print_requests(
+    console: Console,
+    page: Page[StoredRequest],
+    *,
+    what: str,
+    order: str,
+    more: str | None,
+    with_status: bool,
+) -> None:
+    """A page of requests as a table, then how many match in all and how to see the rest.
+
+    `what` names them (`open requests`), `order` says their order (`oldest first`),
+    `more` is the command for the next page, if there is one.
+    """
+    if not page.items:
+        console.print(f"no {what}" if page.total == 0 else f"no more {what} (of {page.total})")
+        return
+    table = Table("request", "agent", *(["status"] if with_status else []), "run", "calls", "age")
+    table.columns[0].no_wrap = table.columns[-3].no_wrap = True
+    for stored in page:
+        status = [Text(stored.status, style=_REQUEST_STYLES.get(stored.status, ""))]
+        table.add_row(
+            stored.request.id,
+            stored.agent,
+            *(status if with_status else []),
+            stored.run_id,
+            _asks(stored.request),
+            age(stored.created_at),
+        )
+    console.print(table)
+    shown = len(page)
+    counted = f"all {shown}" if more is None and shown == page.total else f"{shown} of {page.total}"
+    console.print(f"showing {counted} {what}, {order}")
+    if more is not None:
+        console.print(Text(f"next page: {more}"))
+
+
+_REQUEST_STYLES = {"open": "yellow", "answered": "green", "expired": "red", "cancelled": "red"}
+
+
+def _asks(request: Request) -> str:
+    """What a request asks for, on one line: its calls, or its kind and prompt."""
+    calls = relay_calls_of(request)
+    if calls:
+        return "; ".join(f"{c.name} {clip(json.dumps(c.input), 60)}" for c in calls)
+    return f"{request.kind}: {clip(request.prompt, 60)}"

@@ -27,6 +27,7 @@
     │   ├── LinkLoop             a symlink loop on the way
     │   └── PatchError           a patch that does not parse or apply
     ├── UnknownRun           no run has that id (store.errors)
+    ├── BadQuery             a listing's filter, sort, page size or cursor refused (store.paging)
     ├── StaleClaim           a turn lost its claim on its run; it writes nothing (store.errors)
     ├── IllegalTransition    a run cannot make that status change (store.transitions)
     ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
@@ -36,7 +37,8 @@
 The API and the CLI choose a status code and a message from an error's type
 alone: UnknownRequest, UnknownRun and UnknownAgent are 404; NotAnApprover 403;
 RequestClosed, CallAnswered, AlreadyVoted, BulkRefused and ConversationBusy 409;
-AnswerTooLarge and InputTooLarge 413; every other ResumeError and UnstorableInput 422.
+AnswerTooLarge and InputTooLarge 413; every other ResumeError, UnstorableInput and
+BadQuery 422.
 
 Control flow that is not a failure (a tool asking for approval) is data, not an
 exception: see `relayq.pending`.

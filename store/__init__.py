@@ -20,8 +20,18 @@ from store.models import (
     RunRow,
     WorkerRow,
 )
+from store.paging import BadQuery, Page
 from store.queries import get_run, list_runs, run_result, settled, transcript
-from store.requests import StoredRequest, get_request, list_requests, request_of
+from store.requests import (
+    RequestPage,
+    RequestQuery,
+    StoredRequest,
+    all_requests,
+    get_request,
+    list_requests,
+    query_requests,
+    request_of,
+)
 from store.runs import cancel_run, create_run, create_runs
 from store.turns import (
     Claim,
@@ -78,6 +88,13 @@ __all__ = [
     "expire_requests",
     "get_request",
     "list_requests",
+    # listing requests: filters, sorts, pages
+    "BadQuery",
+    "Page",
+    "RequestPage",
+    "RequestQuery",
+    "all_requests",
+    "query_requests",
     # approvals and the audit trail
     "Decider",
     "decisions_of",

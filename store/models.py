@@ -231,6 +231,8 @@ class DeliveryRow(SQLModel, table=True):
     __table_args__ = (
         Index("ix_relayq_deliveries_state_next", "state", "next_at"),
         Index("ix_relayq_deliveries_event_endpoint", "event_id", "endpoint", unique=True),
+        # Where fan-out resumes for an endpoint: its newest delivery.
+        Index("ix_relayq_deliveries_endpoint_id", "endpoint", "id"),
     )
 
     id: int | None = Field(default=None, primary_key=True)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -33,19 +34,24 @@ from relayq.loop import WaitFor
 from store import (
     Database,
     OutboxRow,
+    Page,
+    RequestQuery,
     RunRow,
     StoredRequest,
     accept_answer,
+    all_requests,
     cancel_run,
     create_run,
     create_runs,
-    list_requests,
     list_runs,
     migrate,
+    query_requests,
     run_result,
     settled,
 )
 from store.audit import Decider
+from store.paging import DEFAULT_PAGE
+from store.requests import RequestSort, SortOrder
 from tasks.publish import publish, sender_app
 from tasks.settings import Settings
 
@@ -257,23 +263,50 @@ class DurableClient:
 
     async def requests(
         self,
-        status: str | None = "open",
+        status: str | Sequence[str] | None = "open",
         *,
         run_id: str | None = None,
         agent: str | None = None,
         kind: str | None = None,
-        limit: int = 100,
-    ) -> list[StoredRequest]:
-        """Stored requests, newest first; `status=None` for all."""
-        return await asyncio.to_thread(
-            list_requests,
-            self.db,
+        tool: str | None = None,
+        group: str | None = None,
+        search: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        sort: RequestSort = "age",
+        order: SortOrder = "asc",
+        limit: int = DEFAULT_PAGE,
+        cursor: str | None = None,
+        all_pages: bool = False,
+    ) -> Page[StoredRequest]:
+        """A page of stored requests, oldest first; `status=None` (or several) for more
+        than the open ones. See `store.RequestQuery` for each filter.
+
+            page = await client.requests("open", group="finance")
+            print(f"{len(page)} of {page.total}")
+            later = await client.requests("open", group="finance", cursor=page.next_cursor)
+            every = await client.requests("open", all_pages=True)   # one page of them all
+
+        A page is a sequence of its items. BadQuery for a filter, sort, limit (1 to
+        500) or cursor the store does not take.
+        """
+        query = RequestQuery(
             status=status,
             run_id=run_id,
             agent=agent,
             kind=kind,
+            tool=tool,
+            group=group,
+            search=search,
+            created_after=created_after,
+            created_before=created_before,
+            sort=sort,
+            order=order,
             limit=limit,
+            cursor=cursor,
         )
+        listing = all_requests if all_pages else query_requests
+        return await asyncio.to_thread(listing, self.db, query)
 
     async def submit_answer(
         self,

@@ -37,6 +37,7 @@ from store.workers import HOSTNAME
 from tasks.broker import QueuePeek
 from tasks.publish import send, sender_app
 from tasks.settings import Settings
+from tasks.webhooks import WebhookSender
 
 __all__ = ["LoopThread", "Runtime", "defer", "deferring"]
 
@@ -177,6 +178,7 @@ class Runtime:
         asyncio.run_coroutine_threadsafe(self._beat_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._mark_sent_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._sweep_forever(), self.loop.loop)
+        asyncio.run_coroutine_threadsafe(self._deliver_forever(), self.loop.loop)
 
     async def _beat_forever(self) -> None:
         # On the loop itself: a loop too blocked to beat cannot finish its turns either.
@@ -229,6 +231,12 @@ class Runtime:
             except Exception as exc:
                 log.warning("sweep failed: %s", type(exc).__name__)
             await asyncio.sleep(self.settings.sweep_every * random.uniform(0.8, 1.2))
+
+    async def _deliver_forever(self) -> None:
+        # Every worker process sends webhooks; the store's claims share the work out.
+        if self.settings.webhooks:
+            sender = WebhookSender.from_settings(self.settings, self.db, io=self.io)
+            await sender.run_forever()
 
     async def sweep(self) -> SweepReport:
         """One sweep of the store, with what the broker still holds; sends what it finds."""

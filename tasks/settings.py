@@ -34,6 +34,12 @@ the deployment's. An empty value counts as unset.
 | `RELAYQ_CONCURRENCY` | 500 (asyncio), CPUs (others) | turns one worker process runs at once |
 | `RELAYQ_TASK_EVENTS` | `0` | `1`: task events from the start, not once Flower asks |
 | `RELAYQ_MAX_ANSWER_BYTES` | `1048576` | largest answer (or prompt) taken, in bytes of JSON |
+| `RELAYQ_WEBHOOKS` | (none) | JSON list of webhook endpoints: name, url, secret, format, events |
+| `RELAYQ_PUBLIC_URL` | `http://127.0.0.1:8000` | the API's address, for the links webhooks carry |
+| `RELAYQ_WEBHOOK_ATTEMPTS` | `40` | attempts of one webhook delivery before it is given up |
+| `RELAYQ_WEBHOOK_RETRY_BASE` | `1.0` | first backoff of a delivery in seconds; doubles, up to 1 h |
+| `RELAYQ_WEBHOOK_TIMEOUT` | `10` | seconds one webhook attempt may take |
+| `RELAYQ_WEBHOOK_CONCURRENCY` | `16` | webhook requests in flight at once per worker process |
 
 In the configuration a duration may also be a number or a `timedelta`, a count
 an int, a flag a bool: `relayq_turn_time_limit = timedelta(minutes=5)`.
@@ -63,6 +69,7 @@ from store.outbox import (
     TURN_QUEUE,
     TURN_TASK,
 )
+from tasks.webhooks import DEFAULT_PUBLIC_URL, Endpoint, parse_public_url, parse_webhooks
 
 __all__ = ["CONF_PREFIX", "ENV_PREFIX", "MAX_COUNTDOWN", "QUEUES", "Settings", "queue_named"]
 
@@ -189,6 +196,18 @@ class Settings:
     """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
     max_answer_bytes: int = limits.DEFAULT_MAX_ANSWER_BYTES
     """The largest answer (and prompt) taken, as compact UTF-8 JSON; see `relayq.limits`."""
+    webhooks: tuple[Endpoint, ...] = ()
+    """Where events are sent (`tasks.webhooks`); their repr shows no URL or secret."""
+    public_url: str = DEFAULT_PUBLIC_URL
+    """Where people reach the API and its inbox: the base of the links webhooks carry."""
+    webhook_attempts: int = 40
+    """Attempts of one delivery before it is given up (`failed`)."""
+    webhook_retry_base: float = 1.0
+    """Seconds before a failed delivery's second attempt; doubles, up to an hour."""
+    webhook_timeout: float = 10.0
+    """Seconds one attempt may take, from connecting to the reply's status."""
+    webhook_concurrency: int = 16
+    """Webhook requests in flight at once, per worker process."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -235,6 +254,12 @@ class Settings:
                 limits.DEFAULT_MAX_ANSWER_BYTES,
                 lambda _, v: limits.max_answer_bytes({limits.MAX_ANSWER_BYTES_ENV: str(v)}),
             ),
+            webhooks=src.read("webhooks", (), lambda k, v: parse_webhooks(k, v, src.env)),
+            public_url=src.read("public_url", DEFAULT_PUBLIC_URL, parse_public_url),
+            webhook_attempts=src.read("webhook_attempts", 40, _count(1)),
+            webhook_retry_base=src.seconds("webhook_retry_base", 1.0),
+            webhook_timeout=src.seconds("webhook_timeout", 10),
+            webhook_concurrency=src.read("webhook_concurrency", 16, _count(1)),
         )
         settings._check()
         return settings

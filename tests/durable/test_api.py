@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ from api.app import create_app
 from relayq import Request
 from store import StoredRequest
 from store.models import utcnow
+from tests.store.test_request_queries import listing_rows, seeded_requests
 
 from .conftest import Durable, Eventually
 
@@ -95,7 +98,7 @@ async def open_request(api: ApiServer, run_id: str, eventually: Eventually) -> d
         async def found() -> dict[str, Any] | None:
             res = await http.get("/api/requests", params={"run_id": run_id, "status": "open"})
             assert res.status_code == 200, res.text
-            return next(iter(res.json()), None)
+            return next(iter(res.json()["items"]), None)
 
         stored: dict[str, Any] = await eventually(found, what=f"a request of {run_id}")
         return stored
@@ -114,7 +117,28 @@ async def settled_run(
         return run
 
 
-# The route table: (method, path, what the route needs, body).
+CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def csrf_of(html: str) -> str:
+    """The CSRF token a page's forms carry."""
+    found = CSRF_FIELD.search(html)
+    assert found, "the page has a form with a CSRF token"
+    return found.group(1)
+
+
+async def log_in(http: httpx.AsyncClient, token: str) -> str:
+    """Log `http` in to the inbox as a browser does; returns its pages' CSRF token."""
+    form = await http.get("/")
+    res = await http.post("/login", data={"token": token, "csrf_token": csrf_of(form.text)})
+    assert res.status_code == 303, res.text
+    inbox = await http.get("/")
+    assert inbox.status_code == 200, inbox.text
+    return csrf_of(inbox.text)
+
+
+# The route table: (method, path, what the route needs, body). The inbox's routes
+# (no /api) take the cookie and a CSRF token; the API's, a bearer token.
 ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("GET", "/api/runs", "read", None),
     ("GET", "/api/runs/run_x", "read", None),
@@ -124,6 +148,7 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("GET", "/api/requests/req_x", "read", None),
     ("POST", "/api/requests/req_x/answer", "answer", {"json": {"output": "x"}}),
     ("GET", "/api/events", "read", None),
+    ("GET", "/events", "read", None),
     ("POST", "/requests/req_x/approve", "answer", {"data": {"output": "x"}}),
     ("POST", "/requests/req_x/decline", "answer", {"data": {"reason": "x"}}),
     ("POST", "/logout", "read", None),
@@ -169,8 +194,14 @@ async def test_every_route_refuses_a_token_of_the_wrong_role_with_403_and_change
 ):
     async with api.http(VIEWER) as viewer:
         before = (await viewer.get("/api/runs", params={"limit": 1000})).json()
-    async with api.http(TOKEN_OF_ROLE[role]) as http:
-        res = await http.request(method, path, **(body or {}))
+    if path.startswith("/api/"):
+        async with api.http(TOKEN_OF_ROLE[role]) as http:
+            res = await http.request(method, path, **(body or {}))
+    else:  # the inbox: a logged-in browser posting its page's form, CSRF token and all
+        async with api.http() as browser:
+            csrf = await log_in(browser, TOKEN_OF_ROLE[role])
+            form = {**(body or {}).get("data", {}), "csrf_token": csrf}
+            res = await browser.request(method, path, data=form)
     assert res.status_code == 403, res.text
     assert role in res.json()["detail"]
     async with api.http(VIEWER) as viewer:
@@ -196,14 +227,15 @@ async def test_logging_in_sets_an_http_only_strict_cookie_and_an_unknown_token_i
     api: ApiServer,
 ):
     async with api.http() as http:
-        refused = await http.post("/login", data={"token": "wrong-token-123"})
+        form = csrf_of((await http.get("/")).text)
+        refused = await http.post("/login", data={"token": "wrong-token-123", "csrf_token": form})
         assert refused.status_code == 401
         assert "wrong-token-123" not in refused.text
         assert "relayq_token=wrong" not in refused.headers.get("set-cookie", "")
 
-        res = await http.post("/login", data={"token": APPROVER})
+        res = await http.post("/login", data={"token": APPROVER, "csrf_token": form})
         assert res.status_code == 303
-        cookie = res.headers["set-cookie"].lower()
+        (cookie,) = [c.lower() for c in res.headers.get_list("set-cookie") if "relayq_token" in c]
         assert "httponly" in cookie
         assert "samesite=strict" in cookie
 
@@ -226,23 +258,30 @@ async def test_the_inbox_forms_answer_without_javascript_and_refuse_a_second_ans
     run_id = await start_run(api, "seed-three", prompt)
     request_id = (await open_request(api, run_id, eventually))["request"]["id"]
     async with api.http() as browser:
-        assert (await browser.post("/login", data={"token": APPROVER})).status_code == 303
+        csrf = await log_in(browser, APPROVER)
         assert f'data-request-id="{request_id}"' in (await browser.get("/")).text
 
         # When the approve form is posted with its default output
-        res = await browser.post(f"/requests/{request_id}/approve")
+        res = await browser.post(f"/requests/{request_id}/approve", data={"csrf_token": csrf})
         assert res.status_code == 303
         assert res.headers["location"] == "/"
 
-        # Then every call gets it, and the run completes
+        # Then the page it leads to says so, once
+        confirmed = await browser.get("/")
+        assert f'<p class="flash" role="status">Approved {request_id}.</p>' in confirmed.text
+        assert 'class="flash"' not in (await browser.get("/")).text
+
+        # And every call gets it, and the run completes
         done = await settled_run(api, run_id, eventually)
         assert done["text"] == "approved,approved,approved"
         assert f'data-request-id="{request_id}"' not in (await browser.get("/")).text
 
         # And a second answer from a stale page is refused, on the page
-        again = await browser.post(f"/requests/{request_id}/decline", data={"reason": "late"})
+        late = {"reason": "late", "csrf_token": csrf}
+        again = await browser.post(f"/requests/{request_id}/decline", data=late)
         assert again.status_code == 409
         assert "already answered" in again.text
+        assert 'class="flash"' not in again.text
 
 
 async def test_an_approved_request_resumes_the_run_with_its_output_and_records_who_answered(
@@ -435,10 +474,142 @@ async def test_a_cancelled_run_cancels_its_request_and_takes_no_answer(
         late = await approver.post(f"/api/requests/{request_id}/answer", json={"output": "x"})
         assert late.status_code == 409, late.text
         stored = (await approver.get(f"/api/requests/{request_id}")).json()
-        cancelled = await approver.get("/api/requests", params={"status": "cancelled"})
+        listing = {"status": "cancelled", "run_id": run_id}
+        cancelled = await approver.get("/api/requests", params=listing)
     assert stored["status"] == "cancelled"
-    assert request_id in [r["request"]["id"] for r in cancelled.json()]
+    assert [r["request"]["id"] for r in cancelled.json()["items"]] == [request_id]
     assert (await settled_run(api, run_id, eventually, "cancelled"))["pending"] is None
+
+
+# --- listing requests: filters, pages, totals ----------------------------------------
+
+
+@dataclass
+class Seeded:
+    agent: str
+    tag: str
+    ids: list[str]
+
+    def of(self, *numbers: int) -> list[str]:
+        return [f"req_{self.tag}_{n:03d}" for n in numbers]
+
+
+@pytest.fixture
+def seeded(durable: Durable) -> Iterator[Seeded]:
+    """65 requests of an agent of this test only (see `listing_rows`), removed after."""
+    tag = uuid.uuid4().hex[:8]
+    agent = f"listing-{tag}"
+    db = durable.db()
+    try:
+        with seeded_requests(db, listing_rows(tag, agent)) as ids:
+            yield Seeded(agent, tag, ids)
+    finally:
+        db.dispose()
+
+
+async def test_the_request_listing_gives_a_page_an_honest_total_and_the_next_cursor(
+    api: ApiServer, seeded: Seeded
+):
+    async with api.http(VIEWER) as viewer:
+        # When the open requests are listed 25 at a time
+        params: dict[str, Any] = {"agent": seeded.agent, "status": "open", "limit": 25}
+        first = (await viewer.get("/api/requests", params=params)).json()
+
+        # Then the page says how many match in all, oldest first, and how to go on
+        assert set(first) == {"items", "total", "nextCursor"}
+        assert first["total"] == 60
+        assert [r["request"]["id"] for r in first["items"]] == seeded.of(*range(25))
+        assert {"runId", "createdAt", "tool", "approvers"} <= set(first["items"][0])
+
+        # And following the cursors shows each open request once, in order, then stops
+        seen, page = [], first
+        while True:
+            seen += [r["request"]["id"] for r in page["items"]]
+            if page["nextCursor"] is None:
+                break
+            res = await viewer.get("/api/requests", params={**params, "cursor": page["nextCursor"]})
+            assert res.status_code == 200, res.text
+            page = res.json()
+            assert page["total"] == 60
+    assert seen == seeded.of(*range(60))
+
+
+LISTINGS = [
+    pytest.param({"limit": 100}, [*range(65)], id="every status by default"),
+    pytest.param({"status": "answered"}, [*range(60, 65)], id="status"),
+    pytest.param(
+        {"status": "answered,open", "limit": 100}, [*range(65)], id="statuses, comma-separated"
+    ),
+    pytest.param(
+        {"status": ["answered", "open"], "limit": 100}, [*range(65)], id="statuses, repeated"
+    ),
+    pytest.param({"tool": "lookup", "status": "open"}, [*range(1, 60, 3)], id="tool"),
+    pytest.param({"kind": "approval", "limit": 5}, [0, 4, 8, 12, 16], id="kind"),
+    pytest.param({"group": "finance", "limit": 3}, [0, 5, 10], id="group"),
+    pytest.param({"q": "100%"}, [7], id="search, percent taken literally"),
+    pytest.param({"q": "RATE IS"}, [7, 8], id="search, any case"),
+    pytest.param(
+        {"created_after": "2025-03-01T09:00:58Z", "created_before": "2025-03-01T10:01:01+01:00"},
+        [58, 59, 60],
+        id="a window of time, in any zone",
+    ),
+    pytest.param({"sort": "age", "order": "desc", "limit": 3}, [64, 63, 62], id="newest first"),
+    pytest.param(
+        {"sort": "tool", "status": "open", "limit": 4}, [2, 5, 8, 11], id="by tool, none first"
+    ),
+]
+
+
+@pytest.mark.parametrize(("params", "expected"), LISTINGS)
+async def test_the_request_listing_filters_searches_and_sorts(
+    api: ApiServer, seeded: Seeded, params: dict[str, Any], expected: list[int]
+):
+    async with api.http(VIEWER) as viewer:
+        res = await viewer.get("/api/requests", params={"agent": seeded.agent, **params})
+    assert res.status_code == 200, res.text
+    assert [r["request"]["id"] for r in res.json()["items"]] == seeded.of(*expected)
+
+
+async def test_the_request_listing_of_one_run_counts_only_that_run(api: ApiServer, seeded: Seeded):
+    async with api.http(VIEWER) as viewer:
+        page = (await viewer.get("/api/requests", params={"run_id": f"run_{seeded.tag}_2"})).json()
+    assert (page["total"], page["nextCursor"]) == (10, None)
+    assert [r["request"]["id"] for r in page["items"]] == seeded.of(*range(20, 30))
+
+
+BAD_LISTINGS = [
+    pytest.param({"cursor": "not-a-cursor"}, "bad cursor", id="a made-up cursor"),
+    pytest.param({"status": "sleeping"}, "unknown status 'sleeping'", id="an unknown status"),
+    pytest.param(
+        {"created_before": "2025-03-01T09:00:00"}, "needs a time zone", id="a time without zone"
+    ),
+    pytest.param({"limit": 501}, "less than or equal to 500", id="a page too large"),
+    pytest.param({"limit": 0}, "greater than or equal to 1", id="an empty page"),
+    pytest.param({"sort": "size"}, "'age', 'agent' or 'tool'", id="an unknown sort"),
+    pytest.param({"order": "up"}, "'asc' or 'desc'", id="an unknown order"),
+]
+
+
+@pytest.mark.parametrize(("params", "says"), BAD_LISTINGS)
+async def test_a_bad_listing_query_is_422_saying_what_is_wrong(
+    api: ApiServer, params: dict[str, Any], says: str
+):
+    async with api.http(VIEWER) as viewer:
+        res = await viewer.get("/api/requests", params=params)
+    assert res.status_code == 422, res.text
+    assert says in res.text
+
+
+async def test_a_cursor_edited_or_of_another_sort_is_422(api: ApiServer, seeded: Seeded):
+    async with api.http(VIEWER) as viewer:
+        params: dict[str, Any] = {"agent": seeded.agent, "limit": 5}
+        by_agent = (await viewer.get("/api/requests", params={**params, "sort": "agent"})).json()
+        cursor = by_agent["nextCursor"]
+        edited = cursor[:10] + ("A" if cursor[10] != "A" else "B") + cursor[11:]
+        for bad in ({"cursor": cursor}, {"cursor": edited, "sort": "agent"}):
+            res = await viewer.get("/api/requests", params={**params, **bad})
+            assert res.status_code == 422, res.text
+            assert res.json()["detail"].startswith("bad cursor: it was cut, edited")
 
 
 async def next_event(lines: AsyncIterator[str], kind: str, **match: Any) -> dict[str, Any]:
@@ -505,15 +676,50 @@ def test_the_inbox_escapes_what_agents_and_models_wrote():
         created_at=utcnow(),
     )
 
-    # When the inbox renders it
+    # When the inbox renders it, for a user whose name and groups carry markup too
     html = templates.get_template("inbox.html").render(
-        who=Principal(name=evil, role="approver"),
+        who=Principal(name=evil, role="approver", groups=(evil, "ops")),
         can_answer=True,
         requests=[_item(stored)],
         error=evil,
+        flash=evil,
+        csrf='"><script>alert(2)</script>',
     )
 
     # Then no markup of theirs survives, and the arguments are shown as indented JSON
     assert "<script>alert" not in html
-    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 5
+    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 8
+    assert 'value="&#34;&gt;&lt;script&gt;alert(2)' in html
     assert "{\n  &#34;q&#34;: &#34;&lt;script&gt;" in html
+
+
+def test_the_inbox_keeps_attribute_breaking_text_inside_its_attributes():
+    # Given a request whose id, agent and call carry a quote that would end an attribute
+    breaker = '" onmouseover="alert(1)" x="'
+    stored = StoredRequest(
+        request=Request(
+            id=f"req_{breaker}",
+            kind="tool_call",
+            prompt=breaker,
+            data={"calls": [{"id": breaker, "name": breaker, "input": {breaker: breaker}}]},
+        ),
+        run_id=breaker,
+        agent=breaker,
+        status="open",
+        created_at=utcnow(),
+    )
+
+    # When the inbox renders it
+    html = templates.get_template("inbox.html").render(
+        who=Principal(name="alice", role="approver"),
+        can_answer=True,
+        requests=[_item(stored)],
+        error=None,
+        flash=breaker,
+        csrf="token",
+    )
+
+    # Then every quote is an entity: no attribute of theirs appears on any element
+    assert '" onmouseover' not in html
+    assert 'onmouseover="' not in html
+    assert 'data-request-id="req_&#34; onmouseover=&#34;alert(1)&#34; x=&#34;"' in html

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -20,13 +21,14 @@ from relayq import RunResult
 from store import get_request, list_requests, list_runs, run_result
 from store.requests import StoredRequest
 from tests.processes import stop_group
+from tests.store.test_request_queries import listing_rows, seeded_requests
 
 from .conftest import ROOT, Durable
 
 RELAYQ = Path(sys.executable).parent / "relayq"
 COMMANDS = [
     "worker", "beat", "api", "flower", "demo", "run", "batch",
-    "runs", "show", "cancel", "pending", "answer",
+    "runs", "show", "cancel", "pending", "answer", "audit",
 ]  # fmt: skip
 
 
@@ -239,7 +241,7 @@ def test_a_pending_run_is_listed_answered_with_output_and_shown(
     assert f"relayq answer {request_id} --output TEXT" in cli("show", run_id).stdout
 
     # Then `pending` and `runs --status pending` list it
-    pending = cli("pending", "--agent", "lookup")
+    pending = cli("pending", "--agent", "lookup", "--run", run_id)
     assert pending.exit_code == 0
     row = next(line for line in pending.stdout.splitlines() if request_id in line)
     assert run_id in row
@@ -255,7 +257,7 @@ def test_a_pending_run_is_listed_answered_with_output_and_shown(
 
     # Then the run ends with the answer, and `show` tells the whole story
     assert settle(durable, run_id, "done").text == "found it"
-    assert request_id not in cli("pending").stdout
+    assert request_id not in cli("pending", "--all").stdout
     shown = cli("show", run_id)
     assert shown.exit_code == 0, shown.output
     assert f"run {run_id}  agent lookup  done" in shown.stdout
@@ -264,6 +266,42 @@ def test_a_pending_run_is_listed_answered_with_output_and_shown(
     assert "  ← lookup: found it" in shown.stdout
     assert f"request {request_id} answered by alice" in shown.stdout
     assert shown.stdout.splitlines()[-2:] == ["done", "found it"]
+
+
+def test_an_approval_is_edited_and_approved_from_the_cli_and_the_trail_says_who(
+    cli: Callable[..., Result], durable: Durable, prompt: str
+):
+    # Given a refund waiting on two approvers of finance
+    result = cli("run", "refunds", prompt, "--timeout", "30")
+    assert result.exit_code == 0, result.output
+    run_id, request_id = run_id_in(result.stdout), request_id_in(result.stdout)
+    before = store_snapshot(durable)
+
+    # When someone outside finance tries, ben edits the amount, and carol approves it
+    outsider = cli("answer", request_id, "--approve", "--as", "sam", "--group", "support")
+    assert "not in the approver groups" in one_error_line(outsider)
+    assert store_snapshot(durable) == before
+    edited = cli(
+        "answer", request_id, "--edit", "amount=50", "--as", "ben", "--group", "finance"
+    )  # fmt: skip
+    assert edited.exit_code == 0, edited.output
+    assert "stays open" in edited.stdout
+    assert "via the CLI" in edited.stdout
+    approved = cli("answer", request_id, "--approve", "--as", "carol", "--group", "finance")
+    assert approved.exit_code == 0, approved.output
+
+    # Then the refund ran once with 50, and the audit trail says who, how and what changed
+    done = settle(durable, run_id, "done")
+    assert "refunded 50 on order 17" in done.text
+    assert durable.count("tool", f"refund {run_id} 50") == 1
+    trail = cli("audit", "--agent", "refunds", "--actor", "ben", "--json")
+    assert trail.exit_code == 0, trail.output
+    [ben] = [i for i in json.loads(trail.stdout)["items"] if i["requestId"] == request_id]
+    assert (ben["via"], ben["outcome"], ben["diff"]) == ("cli", "edited", {"amount": [500, 50]})
+    assert ben["osUser"]
+    table = cli("audit", "--agent", "refunds")
+    assert "carol" in table.stdout
+    assert "approved" in table.stdout
 
 
 def test_a_declined_answer_continues_the_run(
@@ -351,7 +389,9 @@ def test_an_unknown_request_id_is_refused_and_changes_nothing(
 def test_answer_takes_exactly_one_kind_of_answer(cli: Callable[..., Result], durable: Durable):
     before = store_snapshot(durable)
     both = cli("answer", "req_x", "--output", "a", "--decline", "b")
-    assert "exactly one of --output, --results, --decline" in one_error_line(both)
+    assert "exactly one of --output, --results, --approve, --edit, --decline" in one_error_line(
+        both
+    )
     assert "(got 0)" in one_error_line(cli("answer", "req_x"))
     assert store_snapshot(durable) == before
 
@@ -401,6 +441,122 @@ def test_cancel_stops_a_pending_run_and_a_second_cancel_is_refused(
 
 def test_runs_refuses_an_unknown_status(cli: Callable[..., Result]):
     assert "unknown status 'weird'" in one_error_line(cli("runs", "--status", "weird"))
+
+
+# --- pending: pages, totals, filters ---------------------------------------------------
+
+
+@pytest.fixture
+def listing(durable: Durable) -> Iterator[tuple[str, str]]:
+    """60 open and 5 answered requests of an agent of this test only (`listing_rows`):
+    (agent, tag), removed after."""
+    tag = uuid.uuid4().hex[:8]
+    agent = f"listing-{tag}"
+    db = durable.db()
+    try:
+        with seeded_requests(db, listing_rows(tag, agent)):
+            yield agent, tag
+    finally:
+        db.dispose()
+
+
+def listed_numbers(output: str, tag: str) -> list[int]:
+    return [int(n) for n in re.findall(rf"req_{tag}_(\d{{3}})", output)]
+
+
+def test_pending_says_how_many_match_in_all_and_prints_the_command_for_the_next_page(
+    cli: Callable[..., Result], listing: tuple[str, str]
+):
+    agent, tag = listing
+
+    # When the first page is listed
+    first = cli("pending", "--agent", agent)
+
+    # Then it shows the 50 oldest, says 60 in all, and how to go on
+    assert first.exit_code == 0, first.output
+    assert listed_numbers(first.stdout, tag) == list(range(50))
+    assert "showing 50 of 60 open requests, oldest first" in first.stdout
+    hint = first.stdout.strip().splitlines()[-1]
+    assert hint.startswith(f"next page: relayq pending --agent {agent} --cursor ")
+
+    # And that command shows the other 10, and says it is the end
+    rest = cli(*shlex.split(hint.removeprefix("next page: relayq ")))
+    assert rest.exit_code == 0, rest.output
+    assert listed_numbers(rest.stdout, tag) == list(range(50, 60))
+    assert "showing 10 of 60 open requests, oldest first" in rest.stdout
+    assert "next page" not in rest.stdout
+
+
+def test_pending_all_walks_every_page(cli: Callable[..., Result], listing: tuple[str, str]):
+    agent, tag = listing
+
+    every = cli("pending", "--agent", agent, "--all", "--limit", "7")
+    with_closed = cli("pending", "--agent", agent, "--all", "--status", "all")
+
+    assert listed_numbers(every.stdout, tag) == list(range(60))
+    assert "showing all 60 open requests, oldest first" in every.stdout
+    assert "next page" not in every.stdout
+    assert listed_numbers(with_closed.stdout, tag) == list(range(65))
+    assert "showing all 65 requests" in with_closed.stdout
+    assert re.search(rf"req_{tag}_064 .* answered ", with_closed.stdout)
+
+
+def test_pending_json_prints_the_page_as_the_api_gives_it(
+    cli: Callable[..., Result], listing: tuple[str, str]
+):
+    agent, tag = listing
+
+    page = json.loads(cli("pending", "--agent", agent, "--limit", "5", "--json").stdout)
+    after = cli(
+        "pending", "--agent", agent, "--limit", "5", "--json", "--cursor", page["nextCursor"]
+    )
+
+    assert set(page) == {"items", "total", "nextCursor"}
+    assert page["total"] == 60
+    assert [r["request"]["id"] for r in page["items"]] == [f"req_{tag}_{n:03d}" for n in range(5)]
+    assert page["items"][0]["runId"] == f"run_{tag}_0"
+    assert json.loads(after.stdout)["items"][0]["request"]["id"] == f"req_{tag}_005"
+
+
+PENDING_FILTERS = [
+    pytest.param(["--tool", "lookup", "--limit", "3"], [1, 4, 7], id="tool"),
+    pytest.param(["--group", "finance", "--limit", "3"], [0, 5, 10], id="group"),
+    pytest.param(["--kind", "approval", "--limit", "2"], [0, 4], id="kind"),
+    pytest.param(["-q", "100%"], [7], id="search, percent taken literally"),
+    pytest.param(["--search", "rate is"], [7, 8], id="search"),
+    pytest.param(["--status", "answered", "--order", "desc"], [64, 63, 62, 61, 60], id="status"),
+    pytest.param(["--sort", "tool", "--limit", "2"], [2, 5], id="sort by tool"),
+    pytest.param(["--older-than", "1d", "--limit", "2"], [0, 1], id="older than"),
+    pytest.param(["--newer-than", "1d"], [], id="newer than"),
+]
+
+
+@pytest.mark.parametrize(("options", "expected"), PENDING_FILTERS)
+def test_pending_filters_searches_and_sorts(
+    cli: Callable[..., Result], listing: tuple[str, str], options: list[str], expected: list[int]
+):
+    agent, tag = listing
+
+    result = cli("pending", "--agent", agent, *options)
+
+    assert result.exit_code == 0, result.output
+    assert listed_numbers(result.stdout, tag) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--cursor", "not-a-cursor"], "bad cursor"),
+        (["--status", "sleeping"], "unknown --status 'sleeping'"),
+        (["--sort", "size"], "unknown --sort 'size'"),
+        (["--order", "up"], "unknown --order 'up'"),
+        (["--older-than", "soon"], "cannot read 'soon' as an age"),
+    ],
+)
+def test_pending_refuses_a_bad_option_with_one_line(
+    cli: Callable[..., Result], options: list[str], says: str
+):
+    assert says in one_error_line(cli("pending", *options))
 
 
 # --- batch ---------------------------------------------------------------------------

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import html
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlencode
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from fastapi import FastAPI, Query
+from fastapi.responses import HTMLResponse
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
+from api._inbox import CSRF_REFUSED
 from api.app import create_app
 
 from .conftest import Durable, Eventually
 from .test_api import (
     APPROVER,
+    SUBMITTER,
     TOKENS,
     VIEWER,
     ApiServer,
@@ -45,6 +52,33 @@ def inbox_api(durable: Durable) -> Iterator[ApiServer]:
     yield from serve_in_thread(create_app(durable.settings, tokens=TOKENS))
 
 
+def attacker_app() -> FastAPI:
+    """Another origin (the same host, another port): pages that act on the inbox's behalf."""
+    app = FastAPI()
+
+    @app.get("/form", response_class=HTMLResponse)
+    def form(action: str) -> str:
+        # What a page of a sibling site would do: post the inbox's form, as a guess.
+        return f"""<form id="f" method="post" action="{html.escape(action)}">
+          <input name="output" value="forged"><input name="csrf_token" value="guessed.token">
+        </form><script>document.getElementById("f").submit()</script>"""
+
+    @app.get("/fetch", response_class=HTMLResponse)
+    def fetch(url: Annotated[list[str], Query()]) -> str:
+        # The calls a page could make with the inbox's cookie, were it taken; one after another.
+        targets = json.dumps(url).replace("<", "\\u003c")  # JS that cannot end the script
+        return f"""<script>(async () => {{ for (const url of {targets})
+          await fetch(url, {{method: "POST", mode: "no-cors", credentials: "include"}}); }})()
+        </script>"""
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def attacker() -> Iterator[ApiServer]:
+    yield from serve_in_thread(attacker_app())
+
+
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
     async with async_playwright() as pw:
@@ -58,8 +92,18 @@ async def browser() -> AsyncIterator[Browser]:
             await chromium.close()
 
 
-async def logged_in(browser: Browser, api: ApiServer, token: str) -> Page:
+async def logged_in(
+    browser: Browser, api: ApiServer, token: str, *, violations: list[str] | None = None
+) -> Page:
+    """A new browser context logged in to the inbox; `violations` collects the
+    Content-Security-Policy errors its pages' consoles report."""
     context = await browser.new_context(base_url=api.url)
+
+    def note(message: ConsoleMessage) -> None:
+        if violations is not None and "Content Security Policy" in message.text:
+            violations.append(message.text)
+
+    context.on("console", note)
     page = await context.new_page()
     await page.goto("/")
     await page.get_by_label("API token").fill(token)
@@ -80,7 +124,8 @@ async def test_an_approver_approves_in_the_inbox_and_another_tab_follows_without
     second_request = (await open_request(api, second, eventually))["request"]["id"]
 
     # And an approver logged in, with the inbox open in two tabs
-    page = await logged_in(browser, api, APPROVER)
+    violations: list[str] = []
+    page = await logged_in(browser, api, APPROVER, violations=violations)
     other = await page.context.new_page()
     await other.goto("/")
     await other.evaluate("window.notReloaded = true")
@@ -95,7 +140,9 @@ async def test_an_approver_approves_in_the_inbox_and_another_tab_follows_without
     await item.get_by_label("output").fill("approved in the browser")
     await item.get_by_role("button", name="Approve").click()
 
-    # Then the run resumes and completes with that output, answered by the approver
+    # Then the page says so, and the run resumes and completes with that output,
+    # answered by the approver
+    await expect(page.get_by_role("status")).to_have_text(f"Approved {first_request}.")
     await expect(page.locator(f'[data-request-id="{first_request}"]')).to_have_count(0)
     done = await settled_run(api, first, eventually)
     assert done["text"] == "approved in the browser"
@@ -120,6 +167,10 @@ async def test_an_approver_approves_in_the_inbox_and_another_tab_follows_without
     assert await other.evaluate("window.notReloaded") is True
     assert (await settled_run(api, second, eventually))["text"] == "declined: over the limit"
 
+    # And the policy that allows no inline script or style let the page's own files work
+    assert violations == []
+    await expect(page.locator("body")).to_have_css("max-width", "896px")  # 56rem, inbox.css
+
 
 async def test_a_viewer_sees_requests_but_no_answer_forms_and_can_log_out(
     inbox_api: ApiServer, browser: Browser, eventually: Eventually, prompt: str
@@ -141,6 +192,63 @@ async def test_a_viewer_sees_requests_but_no_answer_forms_and_can_log_out(
     await page.get_by_role("button", name="Log out").click()
     await expect(page.get_by_label("API token")).to_be_visible()
     assert not [c for c in await page.context.cookies() if c["name"] == "relayq_token"]
+
+    async with api.http(APPROVER) as approver:  # leave nothing open behind
+        path = f"/api/requests/{request_id}/answer"
+        assert (await approver.post(path, json={"output": "done"})).status_code == 200
+
+
+async def test_a_page_of_another_origin_can_neither_answer_in_the_inbox_nor_call_the_api(
+    inbox_api: ApiServer,
+    attacker: ApiServer,
+    browser: Browser,
+    eventually: Eventually,
+    prompt: str,
+):
+    api = inbox_api
+    # Given a run waiting on a request, and an approver logged in to the inbox
+    run_id = await start_run(api, "lookup", prompt)
+    request_id = (await open_request(api, run_id, eventually))["request"]["id"]
+    page = await logged_in(browser, api, APPROVER)
+    assert attacker.url.rsplit(":", 1)[0] == api.url.rsplit(":", 1)[0] != attacker.url
+
+    # When a page of another port of the host posts the approve form in the same browser
+    action = f"{api.url}/requests/{request_id}/approve"
+    evil = await page.context.new_page()
+    async with evil.expect_response(action) as posted:
+        await evil.goto(f"{attacker.url}/form?{urlencode({'action': action})}")
+    response = await posted.value
+
+    # Then the browser sent the inbox's cookie along (the sites are the same) ...
+    sent = await response.request.all_headers()
+    assert "relayq_token=" in sent.get("cookie", "")
+    # ... but the inbox refused the post for want of its page's CSRF token
+    assert response.status == 403
+    assert CSRF_REFUSED in await response.text()
+
+    # When a submitter's browser is made to post to the inbox, then to the API
+    submitter = await logged_in(browser, api, SUBMITTER)
+    logout, cancel = f"{api.url}/logout", f"{api.url}/api/runs/{run_id}/cancel"
+    evil = await submitter.context.new_page()
+    async with (
+        evil.expect_response(logout) as inbox_call,
+        evil.expect_response(cancel) as api_call,
+    ):
+        await evil.goto(f"{attacker.url}/fetch?{urlencode({'url': [logout, cancel]}, True)}")
+
+    # Then the cookie went along: the inbox refused the post for want of a CSRF token, not
+    # of a session (Playwright shows no Cookie header for a fetch, so ask the inbox) ...
+    assert (await inbox_call.value).status == 403, "a 401: the browser did not send the cookie"
+    # ... and the API refused the call it came with: it takes bearer tokens only
+    assert (await api_call.value).status == 401
+
+    # And nothing changed: the request is open, in the inbox too, and the run waits
+    async with api.http(VIEWER) as viewer:
+        stored = (await viewer.get(f"/api/requests/{request_id}")).json()
+        run = (await viewer.get(f"/api/runs/{run_id}")).json()
+    assert (stored["status"], stored["answer"], run["status"]) == ("open", None, "pending")
+    await page.reload()
+    await expect(page.locator(f'[data-request-id="{request_id}"]')).to_be_visible()
 
     async with api.http(APPROVER) as approver:  # leave nothing open behind
         path = f"/api/requests/{request_id}/answer"

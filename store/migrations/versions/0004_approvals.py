@@ -65,6 +65,7 @@ def upgrade() -> None:
         batch_op.create_index(
             "ix_relayq_deliveries_event_endpoint", ["event_id", "endpoint"], unique=True
         )
+        batch_op.create_index("ix_relayq_deliveries_endpoint_id", ["endpoint", "id"], unique=False)
 
     op.create_table(
         "relayq_delivery_attempts",
@@ -170,6 +171,7 @@ def downgrade() -> None:
 
     op.drop_table("relayq_delivery_attempts")
     with op.batch_alter_table("relayq_deliveries", schema=None) as batch_op:
+        batch_op.drop_index("ix_relayq_deliveries_endpoint_id")
         batch_op.drop_index("ix_relayq_deliveries_event_endpoint")
         batch_op.drop_index("ix_relayq_deliveries_state_next")
         batch_op.drop_index(batch_op.f("ix_relayq_deliveries_event_id"))

@@ -1,0 +1,193 @@
+"""Decisions on approvals, and the audit trail, over HTTP.
+
+    POST /api/requests/{id}/decision   {"decision": "approve"}
+                                       {"decision": "edit", "arguments": {...}}
+                                       {"decision": "decline", "reason": "..."}
+    GET  /api/requests/{id}/decisions  every decision and vote on the request
+    GET  /api/audit                    the trail: ?since=&until=&actor=&agent=&outcome=&cursor=
+
+A decision is recorded with the token's name, role and groups, `via: api`. Who
+may decide is the store's to say (`store.votes`): 403 outside the request's
+approver groups or for the run's own starter where self-approval is forbidden,
+409 for a second vote, 422 for edited arguments that do not fit the tool's schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from api._answers import stored_request
+from api._auth import Answerer, Principal, Reader
+from api._errors import http_error
+from relayq import Answer, ResumeError
+from relayq.approvals import approve, decline, edit
+from store import Decider, StoredRequest, decisions_of, list_decisions
+from store.models import DecisionRow
+from tasks import DurableClient
+
+__all__ = ["DecisionBody", "DecisionOut", "decider_of", "router"]
+
+router = APIRouter(prefix="/api")
+
+
+class DecisionBody(BaseModel):
+    """One person's decision on an approval request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "edit", "decline"]
+    arguments: dict[str, Any] | None = None
+    """The edited arguments (`edit` only), checked against the tool's schema."""
+    reason: str | None = Field(default=None, max_length=2000)
+    """Why it is declined (`decline` only, required there)."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> DecisionBody:
+        if (self.arguments is not None) != (self.decision == "edit"):
+            raise ValueError("arguments go with decision 'edit', and only with it")
+        if (self.reason is not None) != (self.decision == "decline"):
+            raise ValueError("a reason goes with decision 'decline', and only with it")
+        if self.decision == "decline" and not (self.reason or "").strip():
+            raise ValueError("declining takes a reason")
+        return self
+
+    def answer(self, request_id: str) -> Answer:
+        if self.decision == "approve":
+            return approve(request_id)
+        if self.decision == "edit":
+            assert self.arguments is not None
+            return edit(request_id, self.arguments)
+        return decline(request_id, self.reason or "")
+
+
+class DecisionOut(BaseModel):
+    """One row of the audit trail."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
+    )
+
+    id: int
+    request_id: str
+    run_id: str
+    agent: str
+    tool: str | None
+    call_ids: list[str]
+    actor: str
+    role: str | None
+    groups: list[str]
+    via: str
+    os_user: str | None
+    outcome: str
+    reason: str | None
+    arguments_hash: str | None
+    diff: dict[str, Any] | None
+    at: datetime
+
+    @classmethod
+    def of(cls, row: DecisionRow) -> DecisionOut:
+        assert row.id is not None
+        return cls(
+            id=row.id,
+            request_id=row.request_id,
+            run_id=row.run_id,
+            agent=row.agent,
+            tool=row.tool,
+            call_ids=list(row.call_ids or []),
+            actor=row.actor,
+            role=row.role,
+            groups=list(row.groups or []),
+            via=row.via,
+            os_user=row.os_user,
+            outcome=row.outcome,
+            reason=row.reason,
+            arguments_hash=row.arguments_hash,
+            diff=row.diff,
+            at=row.at,
+        )
+
+
+class AuditPage(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
+    )
+
+    items: list[DecisionOut]
+    next_cursor: str | None
+    """Pass as `cursor` for the next (older) page; null on the last."""
+
+
+def decider_of(who: Principal, via: Literal["inbox", "api"]) -> Decider:
+    """The audit trail's view of a token's holder."""
+    return Decider(name=who.name, role=who.role, groups=tuple(who.groups), via=via)
+
+
+def _client(request: Request) -> DurableClient:
+    client: DurableClient = request.app.state.client
+    return client
+
+
+@router.post("/requests/{request_id}/decision")
+async def decide(
+    request_id: str, body: DecisionBody, request: Request, who: Answerer
+) -> StoredRequest:
+    """Approve, edit or decline an approval request, as the token's holder."""
+    client = _client(request)
+    try:
+        await client.submit_answer(body.answer(request_id), decider=decider_of(who, "api"))
+    except ResumeError as exc:
+        raise http_error(exc) from exc
+    return await stored_request(client, request_id)
+
+
+@router.get("/requests/{request_id}/decisions")
+async def decisions(request_id: str, request: Request, who: Reader) -> list[DecisionOut]:
+    """Every decision and vote on the request, oldest first (404 for an unknown request)."""
+    client = _client(request)
+    await stored_request(client, request_id)
+    rows = await asyncio.to_thread(decisions_of, client.db, request_id)
+    return [DecisionOut.of(r) for r in rows]
+
+
+@router.get("/audit")
+async def audit(
+    request: Request,
+    who: Reader,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    actor: str | None = None,
+    agent: str | None = None,
+    outcome: str | None = None,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> AuditPage:
+    """The audit trail, newest first, filtered, a page at a time."""
+    before = _cursor(cursor)
+    rows, more = await asyncio.to_thread(
+        list_decisions,
+        _client(request).db,
+        since=since,
+        until=until,
+        actor=actor,
+        agent=agent,
+        outcome=outcome,
+        before_id=before,
+        limit=limit,
+    )
+    return AuditPage(
+        items=[DecisionOut.of(r) for r in rows], next_cursor=None if more is None else str(more)
+    )
+
+
+def _cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    if not (cursor.isascii() and cursor.isdigit()):
+        raise HTTPException(422, "cursor is the nextCursor of an earlier page")
+    return int(cursor)

@@ -1,0 +1,500 @@
+"""Outbound webhooks: the sender every worker process runs, and what a receiver needs.
+
+Configured with `RELAYQ_WEBHOOKS`, a JSON list of endpoints (or a list of
+dicts in the Celery configuration, `relayq_webhooks`):
+
+    [{"name": "ops", "url": "https://ops.example.com/relayq", "secret": "...",
+      "format": "json", "events": ["request.opened", "run.failed"]}]
+
+Each event goes to each endpoint that wants it, at least once (`store.webhooks`
+keeps the deliveries, the retries and the delivery log). A request is a POST
+whose headers say which event it is and sign it:
+
+    X-Relayq-Event-Id: evt_...            the same on every attempt: drop duplicates by it
+    X-Relayq-Event-Type: request.opened
+    X-Relayq-Timestamp: 1767225600        unix seconds of this attempt
+    X-Relayq-Signature: sha256=<hex HMAC-SHA256 of "{timestamp}.{body}" with the secret>
+
+A receiver checks them with `verify_signature` (or the same three lines of its
+own): `verify_signature(secret, headers["X-Relayq-Timestamp"], body,
+headers["X-Relayq-Signature"])`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+import httpx
+
+from store import Database
+from store.events import EVENT_TYPES
+from store.models import utcnow
+from store.webhooks import (
+    Attempt,
+    Due,
+    Event,
+    RetryPolicy,
+    Subscription,
+    claim_due,
+    fan_out,
+    record,
+)
+
+if TYPE_CHECKING:
+    from tasks.settings import Settings
+
+__all__ = [
+    "DEFAULT_PUBLIC_URL",
+    "Endpoint",
+    "WebhookSender",
+    "parse_public_url",
+    "parse_webhooks",
+    "render",
+    "sign",
+    "slack_text",
+    "verify_signature",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PUBLIC_URL = "http://127.0.0.1:8000"
+SIGNATURE_HEADER = "X-Relayq-Signature"
+POLL_EVERY = 1.0
+"""Seconds between looks at the store while nothing is due."""
+FANOUT_BATCH = 1000
+DEFAULT_POLICY = RetryPolicy()
+
+Format = Literal["json", "slack"]
+Io = Callable[..., Awaitable[Any]]
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, repr=False)
+class Endpoint:
+    """One receiver of webhooks. Its repr shows no URL (a Slack one is a secret) nor secret."""
+
+    name: str
+    """Its identity in the store: deliveries and the delivery log are keyed by it."""
+    url: str
+    secret: str = ""
+    """The HMAC key of `X-Relayq-Signature`; empty (allowed for `slack` only): unsigned."""
+    format: Format = "json"
+    """`json`: the event as JSON. `slack`: a Slack message, `{"text": ...}`."""
+    events: frozenset[str] | None = None
+    """The event types it wants; None for all."""
+
+    @property
+    def subscription(self) -> Subscription:
+        return Subscription(endpoint=self.name, events=self.events)
+
+    def __repr__(self) -> str:
+        host = urlsplit(self.url).hostname
+        return f"Endpoint(name={self.name!r}, host={host!r}, format={self.format!r})"
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+_KEYS = {"name", "url", "secret", "secret_env", "format", "events"}
+
+
+def parse_webhooks(key: str, value: Any, env: Mapping[str, str]) -> tuple[Endpoint, ...]:
+    """The endpoints of `RELAYQ_WEBHOOKS` (a JSON list) or `relayq_webhooks` (a list of
+    dicts, or of `Endpoint`s); ValueError saying what is wrong, never quoting a URL or a
+    secret. `secret_env` names the variable of `env` that holds an endpoint's secret."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{key} must be a JSON list of endpoints: {exc.msg}") from None
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"{key} must be a list of endpoints, not {type(value).__name__}")
+    endpoints = tuple(
+        item if isinstance(item, Endpoint) else _endpoint(f"{key}[{i}]", item, env)
+        for i, item in enumerate(value)
+    )
+    names = [e.name for e in endpoints]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{key}: endpoint names must be unique; {', '.join(twice)} repeat")
+    return endpoints
+
+
+def _endpoint(where: str, item: Any, env: Mapping[str, str]) -> Endpoint:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} must be an object with name, url, secret, format and events")
+    unknown = sorted(set(item) - _KEYS)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key {unknown[0]!r}; keys are {', '.join(sorted(_KEYS))}"
+        )
+    name = item.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{where}: name must be 1-64 letters, digits, '_', '.', ':' or '-'")
+    where = f"{where} ({name})"
+    fmt = item.get("format", "json")
+    if fmt not in ("json", "slack"):
+        raise ValueError(f"{where}: format must be 'json' or 'slack', not {fmt!r}")
+    return Endpoint(
+        name=name,
+        url=_url(where, item.get("url")),
+        secret=_secret(where, item, env, required=fmt == "json"),
+        format=fmt,
+        events=_events(where, item.get("events")),
+    )
+
+
+def _url(where: str, url: Any) -> str:
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{where}: url must be an http:// or https:// URL with a host")
+    return str(url)
+
+
+def parse_public_url(key: str, value: Any) -> str:
+    """`RELAYQ_PUBLIC_URL`: where people reach the API and its inbox, for links."""
+    return _url(key, str(value)).rstrip("/")
+
+
+def _secret(where: str, item: dict[str, Any], env: Mapping[str, str], *, required: bool) -> str:
+    secret = item.get("secret")
+    if "secret" in item and "secret_env" in item:
+        raise ValueError(f"{where}: give secret or secret_env, not both")
+    if "secret_env" in item:
+        variable = item["secret_env"]
+        secret = env.get(variable) if isinstance(variable, str) else None
+        if not secret:
+            raise ValueError(f"{where}: secret_env names {variable!r}, which is not set")
+    if secret is None and not required:
+        return ""
+    if not isinstance(secret, str) or not secret:
+        raise ValueError(f"{where}: a json endpoint needs a secret (or secret_env) to sign with")
+    return secret
+
+
+def _events(where: str, events: Any) -> frozenset[str] | None:
+    if events is None:
+        return None
+    if not isinstance(events, list | tuple) or not events:
+        raise ValueError(f"{where}: events must be a non-empty list of event types")
+    unknown = sorted(str(e) for e in events if e not in EVENT_TYPES)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown event type {unknown[0]!r}; known: {', '.join(EVENT_TYPES)}"
+        )
+    return frozenset(events)
+
+
+# -- signing --------------------------------------------------------------------------------------
+
+
+def sign(secret: str, timestamp: int | str, body: bytes | str) -> str:
+    """The `X-Relayq-Signature` value: `sha256=` and the hex HMAC of `"{timestamp}.{body}"`."""
+    raw = body.encode() if isinstance(body, str) else body
+    message = f"{timestamp}.".encode() + raw
+    return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def verify_signature(
+    secret: str,
+    timestamp: int | str,
+    body: bytes | str,
+    header: str,
+    *,
+    tolerance: timedelta = timedelta(minutes=5),
+    now: datetime | None = None,
+) -> bool:
+    """Whether a request is relayq's: its signature fits, and it is not older (or newer)
+    than `tolerance`, so a captured request cannot be replayed later.
+
+    Pass the body exactly as received, before any JSON parsing:
+
+        ok = verify_signature(secret, request.headers["X-Relayq-Timestamp"],
+                              await request.body(), request.headers["X-Relayq-Signature"])
+    """
+    try:
+        sent = int(timestamp)
+    except (TypeError, ValueError):
+        return False
+    moment = time.time() if now is None else now.timestamp()
+    if abs(moment - sent) > tolerance.total_seconds():
+        return False
+    expected = sign(secret, sent, body).encode()
+    # Constant time, and any of several (a receiver rotating secrets may list two).
+    return any(hmac.compare_digest(expected, part.strip().encode()) for part in header.split(","))
+
+
+# -- bodies ---------------------------------------------------------------------------------------
+
+
+def render(endpoint: Endpoint, event: Event, public_url: str) -> bytes:
+    """The body sent to `endpoint` for `event`, as compact UTF-8 JSON."""
+    if endpoint.format == "slack":
+        body: dict[str, Any] = {"text": slack_text(event, public_url)}
+    else:
+        body = {
+            "id": event.id,
+            "type": event.type,
+            "createdAt": event.created_at.isoformat(),
+            "data": event.payload,
+        }
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+_TITLES = {
+    "request.opened": "Request waiting",
+    "request.reminder": "Reminder: request still waiting",
+    "request.escalated": "Request escalated",
+    "request.decided": "Request decided",
+    "request.expired": "Request expired",
+    "run.finished": "Run finished",
+    "run.failed": "Run failed",
+}
+
+
+def slack_text(event: Event, public_url: str) -> str:
+    """One readable line in Slack's mrkdwn, with a link to the request's page.
+
+    "Request waiting: `refund` for agent `support`, run `run_1`
+    <http://127.0.0.1:8000/inbox/requests/req_1|open request>" (on one line)
+    """
+    data = event.payload
+    title = _TITLES.get(event.type, event.type)
+    if event.type == "request.expired" and data.get("stillOpen"):
+        title = "Request overdue, still open"
+    subject = data.get("tool") or data.get("kind") or "run"
+    text = f"{title}: `{_esc(subject)}` for agent `{_esc(data.get('agent'))}`"
+    if event.run_id:
+        text += f", run `{_esc(event.run_id)}`"
+    text += _detail(event.type, data)
+    if event.request_id:
+        link = f"{public_url.rstrip('/')}/inbox/requests/{event.request_id}"
+        text += f" <{_esc(link)}|open request>"
+    return text
+
+
+def _detail(kind: str, data: Mapping[str, Any]) -> str:
+    """What the type adds to the line: the outcome, the new approvers, the error ..."""
+    if kind == "request.decided":
+        return f": {_esc(data.get('outcome'))} by {_esc(data.get('decidedBy'))}"
+    if kind == "request.escalated":
+        return f", now for {_esc(', '.join(data.get('approvers') or []))}"
+    if kind == "request.reminder" and data.get("expiresAt"):
+        return f", expires {_esc(data['expiresAt'])}"
+    if kind == "run.finished":
+        return f": {_esc(data.get('status'))}"
+    if kind == "run.failed" and data.get("error"):
+        return f": {_esc(data['error'])}"
+    return ""
+
+
+def _esc(value: Any) -> str:
+    """Slack's mrkdwn escapes, & < >, so a value cannot make a link or a mention of its
+    own; a backquote becomes ' so it cannot close the code span it sits in."""
+    text = "" if value is None else str(value)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("`", "'")
+
+
+def _headers(endpoint: Endpoint, event: Event, body: bytes, attempt: int) -> dict[str, str]:
+    timestamp = int(time.time())
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "relayq-webhooks",
+        "X-Relayq-Event-Id": event.id,
+        "X-Relayq-Event-Type": event.type,
+        "X-Relayq-Timestamp": str(timestamp),
+        "X-Relayq-Attempt": str(attempt),
+    }
+    if endpoint.secret:
+        headers[SIGNATURE_HEADER] = sign(endpoint.secret, timestamp, body)
+    return headers
+
+
+# -- the sender -----------------------------------------------------------------------------------
+
+
+class WebhookSender:
+    """Fans events out, sends what is due, records each attempt; runs in every worker process.
+
+    Processes share the work through the store: a delivery is claimed (locked,
+    then leased) by one sender at a time, so more workers send more at once.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        endpoints: Sequence[Endpoint],
+        *,
+        public_url: str = DEFAULT_PUBLIC_URL,
+        policy: RetryPolicy = DEFAULT_POLICY,
+        timeout: timedelta = timedelta(seconds=10),
+        concurrency: int = 16,
+        io: Io | None = None,
+    ) -> None:
+        self.db = db
+        self.endpoints = {e.name: e for e in endpoints}
+        self.subscriptions = [e.subscription for e in endpoints]
+        self.public_url = public_url
+        self.policy = policy
+        self.timeout = timeout
+        self.concurrency = concurrency
+        """Requests in flight at once, and so the size of a claimed batch."""
+        self.lease = timeout * 2 + timedelta(seconds=30)
+        """A batch is sent within one timeout; the rest is slack for recording it."""
+        self.io: Io = io or _in_thread
+        self._client: httpx.AsyncClient | None = None
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, db: Database, *, io: Io | None = None
+    ) -> WebhookSender:
+        return cls(
+            db,
+            settings.webhooks,
+            public_url=settings.public_url,
+            policy=RetryPolicy(
+                attempts=settings.webhook_attempts,
+                base=timedelta(seconds=settings.webhook_retry_base),
+            ),
+            timeout=timedelta(seconds=settings.webhook_timeout),
+            concurrency=settings.webhook_concurrency,
+            io=io,
+        )
+
+    async def run_forever(self) -> None:
+        """Deliver, for the life of the process; a failing round is logged and tried again."""
+        async with self.client():
+            while True:
+                try:
+                    more = await self.once()
+                except Exception as exc:
+                    log.warning("webhook deliveries failed: %s", type(exc).__name__)
+                    more = False
+                # Yield even when more is due: the turns share this loop.
+                await asyncio.sleep(0 if more else POLL_EVERY * random.uniform(0.8, 1.2))
+
+    async def once(self) -> bool:
+        """One round: fan out, claim a batch, send it, record it. True if more may be due now."""
+        made = await self.io(fan_out, self.db, self.subscriptions, limit=FANOUT_BATCH)
+        due: list[Due] = await self.io(
+            claim_due, self.db, list(self.endpoints), lease=self.lease, limit=self.concurrency
+        )
+        if due:
+            attempts = await asyncio.gather(*(self.send(d) for d in due))
+            await self.io(record, self.db, attempts, policy=self.policy)
+        return made == FANOUT_BATCH or len(due) == self.concurrency
+
+    async def send(self, due: Due) -> Attempt:
+        """One attempt: a 2xx delivers; any other status, a refusal or a timeout is retried."""
+        endpoint = self.endpoints[due.endpoint]
+        body = render(endpoint, due.event, self.public_url)
+        headers = _headers(endpoint, due.event, body, due.attempt)
+        started = time.monotonic()
+        try:
+            # A total deadline: httpx's timeout holds per read, and a trickling reply
+            # must not outlive the lease.
+            async with asyncio.timeout(self.timeout.total_seconds()):
+                status, retry_after = await self._post(endpoint.url, body, headers)
+        except Exception as exc:  # whatever went wrong, it is this attempt's: logged, retried
+            return Attempt(
+                delivery_id=due.delivery_id,
+                error=_describe(exc, endpoint),
+                duration=timedelta(seconds=time.monotonic() - started),
+            )
+        return Attempt(
+            delivery_id=due.delivery_id,
+            status=status,
+            error=None if 200 <= status < 300 else f"HTTP {status}",
+            duration=timedelta(seconds=time.monotonic() - started),
+            retry_after=retry_after,
+        )
+
+    async def _post(
+        self, url: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, timedelta | None]:
+        # Streamed and never read: a receiver's reply body is of no use, whatever its size.
+        async with self.http.stream("POST", url, content=body, headers=headers) as response:
+            return response.status_code, _retry_after(response.headers.get("Retry-After"))
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("WebhookSender.send outside `async with sender.client()`")
+        return self._client
+
+    @asynccontextmanager
+    async def client(self) -> AsyncIterator[httpx.AsyncClient]:
+        """The HTTP client, open on the running loop: `async with sender.client(): ...`."""
+        seconds = self.timeout.total_seconds()
+        hide = _HideUrls(self.endpoints.values())
+        _HTTPX_LOG.addFilter(hide)
+        try:
+            async with httpx.AsyncClient(
+                timeout=httpx.Timeout(seconds, connect=min(seconds, 5.0)),
+                follow_redirects=False,  # a 3xx is no delivery: the URL is the operator's to fix
+                limits=httpx.Limits(max_connections=self.concurrency),
+            ) as client:
+                self._client = client
+                yield client
+        finally:
+            self._client = None
+            _HTTPX_LOG.removeFilter(hide)
+
+
+_HTTPX_LOG = logging.getLogger("httpx")
+
+
+class _HideUrls(logging.Filter):
+    """httpx logs every request's URL (at INFO); a webhook's URL may be its secret (Slack's
+    is), so its log lines name the endpoint instead."""
+
+    def __init__(self, endpoints: Iterable[Endpoint]) -> None:
+        super().__init__()
+        self.names = {str(httpx.URL(e.url)): f"<webhook {e.name}>" for e in endpoints}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.names.get(str(a), a) for a in record.args)
+        return True
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def _retry_after(value: str | None) -> timedelta | None:
+    """`Retry-After` in seconds or as an HTTP date; None if absent or unreadable."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return timedelta(seconds=int(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(timedelta(0), when - utcnow())
+
+
+def _describe(exc: BaseException, endpoint: Endpoint) -> str:
+    """A failure in a few words for the delivery log: its type and message, without the URL."""
+    message = str(exc).replace(endpoint.url, f"<{endpoint.name}>")
+    if endpoint.secret:
+        message = message.replace(endpoint.secret, "[secret]")
+    text = type(exc).__name__ + (f": {message}" if message else "")
+    return text[:200]

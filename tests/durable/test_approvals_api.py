@@ -1,0 +1,143 @@
+"""Approvals over HTTP: typed decisions, groups, quorum, the starter refused, the audit trail."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from api.app import create_app
+
+from .conftest import Durable, Eventually
+from .test_api import ApiServer, serve_in_thread
+
+ANNA, BEN, CARA, SAM, VIC = "t0k-anna", "t0k-ben", "t0k-cara", "t0k-sam", "t0k-vic"
+TOKENS = (
+    f"anna:approver:{ANNA}:finance,ben:approver:{BEN}:finance|ops,"
+    f"cara:approver:{CARA}:finance,sam:approver:{SAM}:support,vic:viewer:{VIC}"
+)
+STARTER = "t0k-starter"
+
+
+@pytest.fixture(scope="module")
+def api(durable: Durable) -> Iterator[ApiServer]:
+    # anna may also start runs: the refunds she starts she may not approve
+    tokens = f"{TOKENS},anna:submitter:{STARTER}"
+    yield from serve_in_thread(create_app(durable.settings, tokens=tokens))
+
+
+async def _open_request(api: ApiServer, run_id: str, eventually: Eventually) -> dict[str, Any]:
+    async with api.http(VIC) as http:
+
+        async def found() -> dict[str, Any] | None:
+            res = await http.get("/api/requests", params={"run_id": run_id, "status": "open"})
+            assert res.status_code == 200, res.text
+            return next(iter(res.json()["items"]), None)
+
+        stored: dict[str, Any] = await eventually(found, what=f"a request of {run_id}")
+        return stored
+
+
+async def _done(api: ApiServer, run_id: str, eventually: Eventually) -> dict[str, Any]:
+    async with api.http(VIC) as http:
+
+        async def ended() -> dict[str, Any] | None:
+            run = (await http.get(f"/api/runs/{run_id}")).json()
+            return run if run["status"] == "done" else None
+
+        run: dict[str, Any] = await eventually(ended, what=f"run {run_id} to be done")
+        return run
+
+
+async def _halted_refund(api: ApiServer, prompt: str, eventually: Eventually) -> dict[str, Any]:
+    async with api.http(STARTER) as http:
+        res = await http.post("/api/runs", json={"agent": "refunds", "prompt": prompt})
+    assert res.status_code == 201, res.text
+    return await _open_request(api, res.json()["id"], eventually)
+
+
+async def _decide(api: ApiServer, token: str, request_id: str, **body: Any) -> Any:
+    async with api.http(token) as http:
+        return await http.post(f"/api/requests/{request_id}/decision", json=body)
+
+
+async def test_two_of_finance_decide_a_refund_over_http_and_the_trail_records_them(
+    api: ApiServer, durable: Durable, prompt: str, eventually: Eventually
+):
+    stored = await _halted_refund(api, prompt, eventually)
+    rid, run_id = stored["request"]["id"], stored["runId"]
+    assert stored["request"]["kind"] == "tool_approval"
+    assert stored["request"]["data"]["arguments"] == {"order": "17", "amount": 500}
+
+    # anna started the run (self-approval is forbidden); sam is not in finance
+    refused_self = await _decide(api, ANNA, rid, decision="approve")
+    refused_group = await _decide(api, SAM, rid, decision="approve")
+    assert (refused_self.status_code, refused_group.status_code) == (403, 403)
+    assert "may not decide" in refused_self.json()["detail"]
+    # an edit that does not fit the tool's schema is 422; free text is 422
+    too_much = await _decide(
+        api, BEN, rid, decision="edit", arguments={"order": "17", "amount": 5000}
+    )
+    assert too_much.status_code == 422, too_much.text
+    async with api.http(BEN) as http:
+        free_text = await http.post(f"/api/requests/{rid}/answer", json={"output": "NO"})
+    assert free_text.status_code == 422, free_text.text
+
+    edited = await _decide(api, BEN, rid, decision="edit", arguments={"order": "17", "amount": 50})
+    assert edited.status_code == 200, edited.text
+    assert edited.json()["status"] == "open"
+    again = await _decide(api, BEN, rid, decision="approve")
+    assert again.status_code == 409, again.text
+    approved = await _decide(api, CARA, rid, decision="approve")
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["status"] == "answered"
+
+    run = await _done(api, run_id, eventually)
+    assert run["text"].endswith("refunded 50 on order 17")
+    assert durable.count("tool", f"refund {run_id} 50") == 1
+
+    async with api.http(VIC) as http:
+        trail = (await http.get(f"/api/requests/{rid}/decisions")).json()
+        audit = (await http.get("/api/audit", params={"actor": "ben", "outcome": "edited"})).json()
+    assert [(d["actor"], d["outcome"], d["via"]) for d in trail] == [
+        ("ben", "edited", "api"),
+        ("cara", "approved", "api"),
+    ]
+    assert trail[0]["groups"] == ["finance", "ops"]
+    assert trail[0]["diff"] == {"amount": [500, 50]}
+    assert rid in [d["requestId"] for d in audit["items"]]
+
+
+async def test_a_decline_needs_a_reason_and_the_body_is_checked(
+    api: ApiServer, prompt: str, eventually: Eventually
+):
+    stored = await _halted_refund(api, prompt, eventually)
+    rid = stored["request"]["id"]
+
+    for body in (
+        {"decision": "decline"},
+        {"decision": "decline", "reason": "  "},
+        {"decision": "approve", "reason": "why not"},
+        {"decision": "edit"},
+        {"decision": "maybe"},
+    ):
+        res = await _decide(api, BEN, rid, **body)
+        assert res.status_code == 422, (body, res.text)
+
+    declined = await _decide(api, BEN, rid, decision="decline", reason="already refunded")
+    assert declined.status_code == 200, declined.text
+    assert declined.json()["status"] == "answered"
+
+
+async def test_the_audit_trail_pages_back_without_repeats(api: ApiServer):
+    async with api.http(VIC) as http:
+        first = (await http.get("/api/audit", params={"limit": 1})).json()
+        assert len(first["items"]) == 1
+        assert first["nextCursor"] is not None
+        second = (
+            await http.get("/api/audit", params={"limit": 1, "cursor": first["nextCursor"]})
+        ).json()
+        bad = await http.get("/api/audit", params={"cursor": "not-a-cursor"})
+    assert second["items"][0]["id"] < first["items"][0]["id"]
+    assert bad.status_code == 422
