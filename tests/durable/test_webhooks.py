@@ -291,7 +291,7 @@ def events_of(db: Database, run_id: str) -> set[str]:
 
 
 async def test_a_workers_webhooks_carry_a_runs_events_signed_and_as_slack_lines(
-    spare_workers: SpareWorkers, eventually: Eventually, prompt: str
+    spare_workers: SpareWorkers, eventually: Eventually, prompt: str, private_database: str
 ):
     # Given a worker with a JSON endpoint for everything and a Slack one for new requests
     tag = uuid.uuid4().hex[:8]
@@ -301,8 +301,12 @@ async def test_a_workers_webhooks_carry_a_runs_events_signed_and_as_slack_lines(
             {"name": f"slack-{tag}", "url": receiver.url("/slack"), "format": "slack",
              "events": ["request.opened"]},
         ]  # fmt: skip
+        # On a database of its own: a new endpoint also gets the last hour's events,
+        # and the session's store holds thousands from other tests.
         spare = spare_workers.start(
-            RELAYQ_WEBHOOKS=json.dumps(hooks), RELAYQ_PUBLIC_URL="https://relayq.example"
+            RELAYQ_WEBHOOKS=json.dumps(hooks),
+            RELAYQ_PUBLIC_URL="https://relayq.example",
+            RELAYQ_DATABASE_URL=private_database,
         )
         client = DurableClient(settings=spare.settings)
         db = spare.db()
@@ -342,12 +346,16 @@ async def test_a_workers_webhooks_carry_a_runs_events_signed_and_as_slack_lines(
 
 
 async def test_a_receiver_down_for_a_while_gets_every_event_once_it_is_up(
-    spare_workers: SpareWorkers, eventually: Eventually, prompt: str
+    spare_workers: SpareWorkers, eventually: Eventually, prompt: str, private_database: str
 ):
     # Given a worker whose receiver is down: nothing listens on its port
     port, name = free_port(), f"down-{uuid.uuid4().hex[:8]}"
     hooks = [{"name": name, "url": f"http://127.0.0.1:{port}/hooks", "secret": SECRET}]
-    spare = spare_workers.start(RELAYQ_WEBHOOKS=json.dumps(hooks), RELAYQ_WEBHOOK_RETRY_BASE="0.05")
+    spare = spare_workers.start(
+        RELAYQ_WEBHOOKS=json.dumps(hooks),
+        RELAYQ_WEBHOOK_RETRY_BASE="0.05",
+        RELAYQ_DATABASE_URL=private_database,
+    )
     client = DurableClient(settings=spare.settings)
     db = spare.db()
     try:
