@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import or_
 from sqlmodel import Session, col, select
@@ -39,7 +38,7 @@ from relayq.relay import (
 )
 from store.audit import SYSTEM, Decider, Outcome, record_decision
 from store.db import Database
-from store.events import emit
+from store.events import emit_about
 from store.messages import conversation, write_messages
 from store.models import OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
@@ -162,18 +161,7 @@ def _resolve(
     row.status = "answered"
     row.answered_at = now
     row.outcome = outcome
-    emit(
-        s,
-        "request.decided",
-        run_id=row.run_id,
-        request_id=row.id,
-        now=now,
-        agent=row.agent,
-        kind=row.kind,
-        tool=row.tool,
-        outcome=outcome,
-        decidedBy=who.name,
-    )
+    emit_about(s, "request.decided", row, now=now, outcome=outcome, decidedBy=who.name)
     return [enqueue_answer(s, row.id, row.run_id)]
 
 
@@ -349,7 +337,7 @@ def _close_expired(s: Session, row: RequestRow, now: datetime) -> None:
     row.answered_at = now
     row.answered_by = SYSTEM.name
     record_decision(s, row, SYSTEM, "expired", now=now)
-    emit(s, "request.expired", run_id=row.run_id, request_id=row.id, now=now, **_facts(row))
+    emit_about(s, "request.expired", row, now=now)
 
 
 def _escalate(s: Session, row: RequestRow, now: datetime) -> None:
@@ -365,40 +353,14 @@ def _escalate(s: Session, row: RequestRow, now: datetime) -> None:
     if not rest:
         row.on_expiry = "error"  # past the last step, the deadline declines
     record_decision(s, row, SYSTEM, "escalated", now=now, reason=", ".join(row.approvers))
-    emit(
-        s,
-        "request.escalated",
-        run_id=row.run_id,
-        request_id=row.id,
-        now=now,
-        step=row.step,
-        expiresAt=row.expires_at.isoformat(),
-        **_facts(row),
-    )
+    expires = row.expires_at.isoformat()
+    emit_about(s, "request.escalated", row, now=now, step=row.step, expiresAt=expires)
 
 
 def _notice_overdue(s: Session, row: RequestRow, now: datetime) -> None:
     row.overdue_at = now
     record_decision(s, row, SYSTEM, "overdue", now=now)
-    emit(
-        s,
-        "request.expired",
-        run_id=row.run_id,
-        request_id=row.id,
-        now=now,
-        stillOpen=True,
-        **_facts(row),
-    )
-
-
-def _facts(row: RequestRow) -> dict[str, Any]:
-    """What every event about a request says: no prompt, no arguments."""
-    return {
-        "agent": row.agent,
-        "kind": row.kind,
-        "tool": row.tool,
-        "approvers": row.approvers or [],
-    }
+    emit_about(s, "request.expired", row, now=now, stillOpen=True)
 
 
 def remind_due(db: Database, *, now: datetime | None = None, limit: int = 500) -> int:
@@ -418,13 +380,5 @@ def remind_due(db: Database, *, now: datetime | None = None, limit: int = 500) -
         for row in due:
             row.reminded_at = moment
             expires = None if row.expires_at is None else row.expires_at.isoformat()
-            emit(
-                s,
-                "request.reminder",
-                run_id=row.run_id,
-                request_id=row.id,
-                now=moment,
-                expiresAt=expires,
-                **_facts(row),
-            )
+            emit_about(s, "request.reminder", row, now=moment, expiresAt=expires)
         return len(due)

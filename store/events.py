@@ -15,9 +15,9 @@ from typing import Any, Literal, TypeAlias
 from sqlalchemy import Connection
 from sqlmodel import Session
 
-from store.models import EventRow, utcnow
+from store.models import EventRow, RequestRow, utcnow
 
-__all__ = ["EVENT_TYPES", "EventType", "emit"]
+__all__ = ["EVENT_TYPES", "EventType", "emit", "emit_about"]
 
 EventType: TypeAlias = Literal[
     "request.opened",
@@ -63,3 +63,21 @@ def emit(
         )
     )
     return event_id
+
+
+def emit_about(
+    s: Session | Connection, type: EventType, row: RequestRow, *, now: datetime, **fields: Any
+) -> str:
+    """An event about a request, with what every such event says: no prompt, no arguments."""
+    return emit(
+        s,
+        type,
+        run_id=row.run_id,
+        request_id=row.id,
+        now=now,
+        agent=row.agent,
+        kind=row.kind,
+        tool=row.tool,
+        approvers=row.approvers or [],
+        **fields,
+    )

@@ -20,7 +20,7 @@ from relayq import Answer, Request, UnknownRequest
 from relayq.approvals import Policy, is_approval, policy_of
 from relayq.relay import RELAY_KIND, is_relay_request, relay_calls_of
 from store.db import Database
-from store.events import emit
+from store.events import emit_about
 from store.messages import storable_text
 from store.models import RequestRow, RunRow
 from store.paging import DEFAULT_PAGE, MAX_PAGE, BadQuery, Page, decode_cursor, encode_cursor
@@ -111,18 +111,8 @@ def open_request(
         _apply_policy(row, policy_of(request))
     s.add(row)
     s.flush()
-    emit(
-        s,
-        "request.opened",
-        run_id=run.id,
-        request_id=row.id,
-        now=now,
-        agent=run.agent,
-        kind=row.kind,
-        tool=row.tool,
-        approvers=row.approvers or [],
-        expiresAt=None if expires_at is None else expires_at.isoformat(),
-    )
+    expires = None if expires_at is None else expires_at.isoformat()
+    emit_about(s, "request.opened", row, now=now, expiresAt=expires)
 
 
 def _apply_policy(row: RequestRow, policy: Policy) -> None:

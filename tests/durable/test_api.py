@@ -91,9 +91,11 @@ async def start_run(api: ApiServer, agent: str, prompt: str) -> str:
     return run_id
 
 
-async def open_request(api: ApiServer, run_id: str, eventually: Eventually) -> dict[str, Any]:
+async def open_request(
+    api: ApiServer, run_id: str, eventually: Eventually, token: str = VIEWER
+) -> dict[str, Any]:
     """The open request the run waits on, once it waits."""
-    async with api.http(VIEWER) as http:
+    async with api.http(token) as http:
 
         async def found() -> dict[str, Any] | None:
             res = await http.get("/api/requests", params={"run_id": run_id, "status": "open"})
@@ -105,9 +107,9 @@ async def open_request(api: ApiServer, run_id: str, eventually: Eventually) -> d
 
 
 async def settled_run(
-    api: ApiServer, run_id: str, eventually: Eventually, status: str = "done"
+    api: ApiServer, run_id: str, eventually: Eventually, status: str = "done", token: str = VIEWER
 ) -> dict[str, Any]:
-    async with api.http(VIEWER) as http:
+    async with api.http(token) as http:
 
         async def ended() -> dict[str, Any] | None:
             run = (await http.get(f"/api/runs/{run_id}")).json()

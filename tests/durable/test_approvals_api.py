@@ -10,7 +10,7 @@ import pytest
 from api.app import create_app
 
 from .conftest import Durable, Eventually
-from .test_api import ApiServer, serve_in_thread
+from .test_api import ApiServer, open_request, serve_in_thread, settled_run
 
 ANNA, BEN, CARA, SAM, VIC = "t0k-anna", "t0k-ben", "t0k-cara", "t0k-sam", "t0k-vic"
 TOKENS = (
@@ -27,34 +27,11 @@ def api(durable: Durable) -> Iterator[ApiServer]:
     yield from serve_in_thread(create_app(durable.settings, tokens=tokens))
 
 
-async def _open_request(api: ApiServer, run_id: str, eventually: Eventually) -> dict[str, Any]:
-    async with api.http(VIC) as http:
-
-        async def found() -> dict[str, Any] | None:
-            res = await http.get("/api/requests", params={"run_id": run_id, "status": "open"})
-            assert res.status_code == 200, res.text
-            return next(iter(res.json()["items"]), None)
-
-        stored: dict[str, Any] = await eventually(found, what=f"a request of {run_id}")
-        return stored
-
-
-async def _done(api: ApiServer, run_id: str, eventually: Eventually) -> dict[str, Any]:
-    async with api.http(VIC) as http:
-
-        async def ended() -> dict[str, Any] | None:
-            run = (await http.get(f"/api/runs/{run_id}")).json()
-            return run if run["status"] == "done" else None
-
-        run: dict[str, Any] = await eventually(ended, what=f"run {run_id} to be done")
-        return run
-
-
 async def _halted_refund(api: ApiServer, prompt: str, eventually: Eventually) -> dict[str, Any]:
     async with api.http(STARTER) as http:
         res = await http.post("/api/runs", json={"agent": "refunds", "prompt": prompt})
     assert res.status_code == 201, res.text
-    return await _open_request(api, res.json()["id"], eventually)
+    return await open_request(api, res.json()["id"], eventually, token=VIC)
 
 
 async def _decide(api: ApiServer, token: str, request_id: str, **body: Any) -> Any:
@@ -93,7 +70,7 @@ async def test_two_of_finance_decide_a_refund_over_http_and_the_trail_records_th
     assert approved.status_code == 200, approved.text
     assert approved.json()["status"] == "answered"
 
-    run = await _done(api, run_id, eventually)
+    run = await settled_run(api, run_id, eventually, token=VIC)
     assert run["text"].endswith("refunded 50 on order 17")
     assert durable.count("tool", f"refund {run_id} 50") == 1
 
