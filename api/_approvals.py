@@ -3,6 +3,8 @@
     POST /api/requests/{id}/decision   {"decision": "approve"}
                                        {"decision": "edit", "arguments": {...}}
                                        {"decision": "decline", "reason": "..."}
+    POST /api/requests/decisions       {"decision": "approve" | "decline", "reason": "...",
+                                        "requests": [{"id": "...", "revision": 3}, ...]}
     GET  /api/requests/{id}/decisions  every decision and vote on the request
     GET  /api/audit                    the trail: ?since=&until=&actor=&agent=&outcome=&cursor=
 
@@ -19,21 +21,25 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from api._answers import stored_request
 from api._auth import Answerer, Principal, Reader
 from api._errors import http_error
-from relayq import Answer, ResumeError
+from relayq import Answer, BulkRefused, ResumeError
 from relayq.approvals import approve, decline, edit
 from store import Decider, StoredRequest, decisions_of, list_decisions
 from store.models import DecisionRow
 from tasks import DurableClient
 
-__all__ = ["DecisionBody", "DecisionOut", "decider_of", "router"]
+__all__ = ["MAX_BULK", "BulkBody", "DecisionBody", "DecisionOut", "decider_of", "router"]
 
 router = APIRouter(prefix="/api")
+
+MAX_BULK = 10_000
+"""Requests one bulk decision may name."""
 
 
 class DecisionBody(BaseModel):
@@ -123,6 +129,52 @@ class AuditPage(BaseModel):
     """Pass as `cursor` for the next (older) page; null on the last."""
 
 
+class BulkItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    revision: int | None = None
+    """The request's `revision` as listed (the preview): decided or voted on since, it
+    is refused. Leave out to decide it as it is now."""
+
+
+class BulkBody(BaseModel):
+    """One decision on many approval requests, applied all or nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "decline"]
+    reason: str | None = Field(default=None, max_length=2000)
+    requests: list[BulkItem] = Field(min_length=1, max_length=MAX_BULK)
+
+    @model_validator(mode="after")
+    def _fits(self) -> BulkBody:
+        if self.decision == "decline" and not (self.reason or "").strip():
+            raise ValueError("declining takes a reason")
+        if self.decision == "approve" and self.reason is not None:
+            raise ValueError("a reason goes with decision 'decline', and only with it")
+        ids = [item.id for item in self.requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError("each request may be named once")
+        return self
+
+
+class BulkDone(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
+    )
+
+    decided: list[str]
+    """Every request named: each took the decision (as a vote, where a quorum needs more)."""
+    resumed: list[str]
+    """The runs that resume now."""
+
+
+def refused_body(exc: BulkRefused) -> dict[str, Any]:
+    """A refused bulk decision's 409: what was refused, request by request."""
+    return {"detail": str(exc), "refused": [{"id": i, "why": why} for i, why in exc.refused]}
+
+
 def decider_of(who: Principal, via: Literal["inbox", "api"]) -> Decider:
     """The audit trail's view of a token's holder."""
     return Decider(name=who.name, role=who.role, groups=tuple(who.groups), via=via)
@@ -144,6 +196,24 @@ async def decide(
     except ResumeError as exc:
         raise http_error(exc) from exc
     return await stored_request(client, request_id)
+
+
+@router.post("/requests/decisions", response_model=BulkDone)
+async def decide_many(body: BulkBody, request: Request, who: Answerer) -> BulkDone | JSONResponse:
+    """Approve or decline many approval requests at once, all or nothing: if any of
+    them cannot take the decision (decided or voted on since its listed revision, not
+    an approval, not the caller's to decide), nothing is applied and the 409 names
+    each one and why."""
+    revisions = {item.id: item.revision for item in body.requests}
+    try:
+        resumed = await _client(request).decide_many(
+            revisions, body.decision, decider=decider_of(who, "api"), reason=body.reason
+        )
+    except BulkRefused as exc:
+        return JSONResponse(refused_body(exc), status_code=409)
+    except ResumeError as exc:
+        raise http_error(exc) from exc
+    return BulkDone(decided=list(revisions), resumed=resumed)
 
 
 @router.get("/requests/{request_id}/decisions")

@@ -1,10 +1,10 @@
-"""The approvals inbox: server-rendered pages and plain form posts, no build step.
+"""The approvals inbox's core: the session cookie, CSRF, confirmations, page rendering.
 
-`GET /` shows the login form until the browser holds a token cookie, then
-the open requests, each with an approve and a decline form. The forms post
-and redirect back, so the page works without JavaScript; `/static/inbox.js`
-refreshes the list on request events from `/events` (the inbox's own stream:
-the API's takes no cookie).
+The inbox is server-rendered pages and plain form posts, no build step: the
+lists (`api._inbox_lists`), a request's and a run's pages (`api._inbox_pages`)
+and the forms that decide (`api._inbox_forms`). `/static/inbox.js` only
+refreshes what changed, on the events of `/events` (the inbox's own stream:
+the API's takes no cookie); every page works without it.
 
 The cookie is the session: HttpOnly, SameSite=Strict, holding the token. Each
 form post must also carry the CSRF token the page was rendered with, bound to
@@ -15,7 +15,6 @@ redirected page says what was done, from a signed, short-lived flash cookie.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -26,24 +25,27 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
 
-from api._answers import answer_request, approval, stored_request
-from api._approvals import decider_of
-from api._auth import (
-    Permission,
-    Principal,
-    Tokens,
-    forbidden,
-    refuse_tokens_in_url,
-    unauthorized,
-)
+from api._auth import Permission, Principal, Tokens, forbidden, refuse_tokens_in_url, unauthorized
 from api._events import event_stream
 from api._security import Signer
-from relayq import Answer
-from relayq.relay import answer_declined, relay_calls_of
-from store import StoredRequest
 from tasks import DurableClient
 
-__all__ = ["COOKIE", "CSRF_FIELD", "CSRF_REFUSED", "FLASH_COOKIE", "LOGIN_COOKIE", "router"]
+__all__ = [
+    "COOKIE",
+    "CSRF_FIELD",
+    "CSRF_REFUSED",
+    "FLASH_COOKIE",
+    "LOGIN_COOKIE",
+    "Answering",
+    "Viewing",
+    "client_of",
+    "login_page",
+    "redirect_after",
+    "render",
+    "router",
+    "safe_next",
+    "templates",
+]
 
 COOKIE = "relayq_token"
 """The session: HttpOnly, SameSite=Strict, holding the token itself."""
@@ -57,7 +59,17 @@ CSRF_REFUSED = (
     "changed. Reload the inbox and try again."
 )
 
-_FLASHES = {"approved": "Approved {}.", "declined": "Declined {}.", "logged_out": "Logged out."}
+# What a confirmation says, by kind; the subject is the server's own text (ids, counts).
+_FLASHES = {
+    "approved": "Approved {}.",
+    "edited": "Approved {} with the edited arguments.",
+    "declined": "Declined {}.",
+    "answered": "Answered {}.",
+    "voted": "Your vote on {} is recorded.",
+    "bulk_approved": "Approved {}.",
+    "bulk_declined": "Declined {}.",
+    "logged_out": "Logged out.",
+}
 _FLASH_SECONDS = 60
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -70,7 +82,7 @@ _HEADERS = {"Cache-Control": "no-store"}
 router = APIRouter(include_in_schema=False)
 
 
-def _client(request: Request) -> DurableClient:
+def client_of(request: Request) -> DurableClient:
     client: DurableClient = request.app.state.client
     return client
 
@@ -78,26 +90,6 @@ def _client(request: Request) -> DurableClient:
 def _signer(request: Request) -> Signer:
     signer: Signer = request.app.state.signer
     return signer
-
-
-def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-
-
-def _item(stored: StoredRequest) -> dict[str, Any]:
-    calls = relay_calls_of(stored.request)
-    return {
-        "id": stored.request.id,
-        "run_id": stored.run_id,
-        "agent": stored.agent,
-        "kind": stored.request.kind,
-        "prompt": stored.request.prompt,
-        "created_at": stored.created_at,
-        "expires_at": stored.request.expires_at,
-        "calls": [{"id": c.id, "name": c.name, "arguments": _pretty(c.input)} for c in calls],
-        # Other kinds (an approval, a question) show their data instead of calls.
-        "data": None if calls else _pretty(stored.request.data),
-    }
 
 
 def _set_cookie(request: Request, response: Response, name: str, value: str, **kw: Any) -> None:
@@ -122,15 +114,44 @@ def _flash(request: Request) -> str | None:
     return _FLASHES[kind].format(subject)
 
 
-def _redirect(request: Request, kind: str, subject: str = "") -> RedirectResponse:
-    response = RedirectResponse("/", status_code=303)
+def safe_next(location: str | None) -> str:
+    """Where to go after an action: a path of this inbox only (never another site's)."""
+    if not location or not location.startswith("/") or location.startswith(("//", "/\\")):
+        return "/"
+    return location
+
+
+def redirect_after(request: Request, kind: str, subject: str = "", to: str = "/") -> Response:
+    """The 303 after an action, carrying its confirmation to the page it leads to."""
+    response = RedirectResponse(safe_next(to), status_code=303)
     flash = _signer(request).flash(kind, subject)
     _set_cookie(request, response, FLASH_COOKIE, flash, max_age=_FLASH_SECONDS)
     return response
 
 
+def render(
+    request: Request,
+    who: Principal,
+    name: str,
+    context: dict[str, Any],
+    *,
+    status: int = 200,
+    error: str | None = None,
+) -> Response:
+    """A page for a logged-in user: who they are, the CSRF token its forms carry (bound
+    to the cookie this request came with: the page holds the only copy), and the
+    confirmation the last action left, shown once."""
+    common = {
+        "who": who,
+        "can_answer": who.may(Permission.ANSWER),
+        "csrf": _signer(request).csrf_token(request.cookies[COOKIE]),
+        "error": error,
+        "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+    }
+    return _page(request, name, {**common, **context}, status)
+
+
 def _page(request: Request, name: str, context: dict[str, Any], status: int) -> Response:
-    """A page, with the flash shown (and then forgotten) if the last action left one."""
     flash = _flash(request)
     response = templates.TemplateResponse(
         request, name, {**context, "flash": flash}, status_code=status, headers=_HEADERS
@@ -140,7 +161,7 @@ def _page(request: Request, name: str, context: dict[str, Any], status: int) -> 
     return response
 
 
-def _login(request: Request, *, error: str | None = None, status: int = 200) -> Response:
+def login_page(request: Request, *, error: str | None = None, status: int = 200) -> Response:
     # Kept while it lasts, so that two tabs showing the login form both work.
     nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
     csrf = _signer(request).csrf_token(nonce)
@@ -149,21 +170,6 @@ def _login(request: Request, *, error: str | None = None, status: int = 200) -> 
     if error is not None:
         response.delete_cookie(COOKIE, path="/")
     return response
-
-
-async def _inbox(
-    request: Request, who: Principal, *, error: str | None = None, status: int = 200
-) -> Response:
-    stored = await _client(request).requests("open", limit=200)
-    context = {
-        "who": who,
-        "can_answer": who.may(Permission.ANSWER),
-        "requests": [_item(s) for s in stored],
-        "error": error,
-        # Bound to the cookie this request came with: the page holds the only copy.
-        "csrf": _signer(request).csrf_token(request.cookies[COOKIE]),
-    }
-    return _page(request, "inbox.html", context, status)
 
 
 def _session_of(request: Request) -> Principal:
@@ -214,21 +220,10 @@ Posting = Annotated[Principal, Depends(_form(Permission.READ))]
 Answering = Annotated[Principal, Depends(_form(Permission.ANSWER))]
 
 
-@router.get("/", response_class=HTMLResponse)
-async def inbox(request: Request) -> Response:
-    token = request.cookies.get(COOKIE)
-    if not token:
-        return _login(request)
-    who = request.app.state.tokens.lookup(token)
-    if who is None:
-        return _login(request, error="That token is not valid; log in again.", status=401)
-    return await _inbox(request, who)
-
-
 @router.post("/login", response_class=HTMLResponse, dependencies=[Depends(_login_form)])
 async def login(request: Request, token: Annotated[str, Form()]) -> Response:
     if request.app.state.tokens.lookup(token) is None:
-        return _login(request, error="Unknown token.", status=401)
+        return login_page(request, error="Unknown token.", status=401)
     response = RedirectResponse("/", status_code=303)
     _set_cookie(request, response, COOKIE, token)
     response.delete_cookie(LOGIN_COOKIE, path="/")
@@ -237,51 +232,18 @@ async def login(request: Request, token: Annotated[str, Form()]) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request, who: Posting) -> Response:
-    response = _redirect(request, "logged_out")
+    response = redirect_after(request, "logged_out")
     response.delete_cookie(COOKIE, path="/")
     return response
 
 
 @router.get("/events", response_class=EventSourceResponse)
 async def events(request: Request, who: Viewing) -> AsyncIterator[ServerSentEvent]:
-    """The API's event stream, for the inbox's page: it has the cookie, not a bearer token."""
+    """The API's event stream, for the inbox's pages: they have the cookie, not a bearer token."""
     state: Any = request.app.state
     state.event_streams += 1
     try:
-        async for event in event_stream(_client(request).db):
+        async for event in event_stream(client_of(request).db):
             yield event
     finally:
         state.event_streams -= 1
-
-
-async def _answer(request: Request, who: Principal, answer: Answer, done: str) -> Response:
-    try:
-        await answer_request(_client(request), answer, decider=decider_of(who, "inbox"))
-    except HTTPException as exc:
-        return await _inbox(request, who, error=str(exc.detail), status=exc.status_code)
-    return _redirect(request, done, answer.id)
-
-
-@router.post("/requests/{request_id}/approve")
-async def approve(
-    request_id: str,
-    request: Request,
-    who: Answering,
-    output: Annotated[str, Form()] = "approved",
-) -> Response:
-    try:
-        stored = await stored_request(_client(request), request_id)
-    except HTTPException as exc:
-        return await _inbox(request, who, error=str(exc.detail), status=exc.status_code)
-    return await _answer(request, who, approval(stored, output), "approved")
-
-
-@router.post("/requests/{request_id}/decline")
-async def decline(
-    request_id: str,
-    request: Request,
-    who: Answering,
-    reason: Annotated[str, Form()] = "declined",
-) -> Response:
-    answer = answer_declined(request_id, reason or "declined")
-    return await _answer(request, who, answer, "declined")

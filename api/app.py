@@ -8,10 +8,12 @@
 | | `/docs`, `/openapi.json` |
 | read (any role) | `GET /api/runs`, `GET /api/runs/{id}`, `GET /api/requests`, |
 | | `GET /api/requests/{id}`, `GET /api/requests/{id}/decisions`, `GET /api/audit`, |
-| | `GET /api/events`; the inbox's `GET /`, `GET /events`, |
-| | `POST /logout` |
-| answer (`approver`) | `POST /api/requests/{id}/answer`, `POST /api/requests/{id}/decision`; |
-| | the inbox's `POST /requests/{id}/approve`, `POST /requests/{id}/decline` |
+| | `GET /api/events`; the inbox's `GET /`, `GET /history`, `GET /requests/{id}`, |
+| | `GET /runs/{id}`, `GET /events`, `POST /logout` |
+| answer (`approver`) | `POST /api/requests/{id}/answer`, `POST /api/requests/{id}/decision`, |
+| | `POST /api/requests/decisions`; the inbox's `POST /requests/{id}/approve`, |
+| | `POST /requests/{id}/edit`, `POST /requests/{id}/decline`, `POST /bulk/preview`, |
+| | `POST /bulk` |
 | submit (`submitter`) | `POST /api/runs`, `POST /api/runs/{id}/cancel` |
 
 `/api/...` takes a bearer token only; the inbox's routes take its cookie only,
@@ -36,6 +38,9 @@ from api._approvals import router as approvals_router
 from api._auth import Tokens
 from api._errors import refused
 from api._inbox import router as inbox_router
+from api._inbox_forms import router as inbox_forms_router
+from api._inbox_lists import router as inbox_lists_router
+from api._inbox_pages import router as inbox_pages_router
 from api._limits import BodyLimit, body_limit, invalid_body
 from api._routes import router as api_router
 from api._security import SecurityHeaders, Signer, secret_from
@@ -93,6 +98,9 @@ def create_app(
     app.include_router(api_router)
     app.include_router(approvals_router)
     app.include_router(inbox_router)
+    app.include_router(inbox_lists_router)
+    app.include_router(inbox_pages_router)
+    app.include_router(inbox_forms_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 

@@ -21,13 +21,14 @@ from store.models import (
     WorkerRow,
 )
 from store.paging import BadQuery, Page
-from store.queries import get_run, list_runs, run_result, settled, transcript
+from store.queries import RunView, get_run, list_runs, run_result, run_view, settled, transcript
 from store.requests import (
     RequestPage,
     RequestQuery,
     StoredRequest,
     all_requests,
     get_request,
+    get_requests,
     list_requests,
     query_requests,
     request_of,
@@ -43,6 +44,7 @@ from store.turns import (
     retry_turn,
     save_reply,
 )
+from store.votes import proposed_arguments, votes_of
 from store.workers import beat, forget_worker
 
 __all__ = [
@@ -78,6 +80,8 @@ __all__ = [
     "save_reply",
     "settled",
     "transcript",
+    "RunView",
+    "run_view",
     # answers
     "Accepted",
     "StoredRequest",
@@ -87,6 +91,7 @@ __all__ = [
     "cancel_run",
     "expire_requests",
     "get_request",
+    "get_requests",
     "list_requests",
     # listing requests: filters, sorts, pages
     "BadQuery",
@@ -99,6 +104,8 @@ __all__ = [
     "Decider",
     "decisions_of",
     "list_decisions",
+    "proposed_arguments",
+    "votes_of",
     # maintenance
     "Recovery",
     "SweepReport",

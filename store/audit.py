@@ -8,6 +8,7 @@ every statement the application runs to that).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeAlias
@@ -82,15 +83,15 @@ def record_decision(
     )
 
 
-def decisions_of(db: Database, request_id: str) -> list[DecisionRow]:
-    """A request's decisions, oldest first."""
+def decisions_of(db: Database, request_id: str | Sequence[str]) -> list[DecisionRow]:
+    """A request's decisions (or several requests'), oldest first."""
+    ids = [request_id] if isinstance(request_id, str) else list(request_id)
+    found: list[DecisionRow] = []
     with db.read() as s:
-        query = (
-            select(DecisionRow)
-            .where(DecisionRow.request_id == request_id)
-            .order_by(col(DecisionRow.id))
-        )
-        return list(s.exec(query))
+        for at in range(0, len(ids), 500):  # SQLite caps a statement's bound parameters
+            query = select(DecisionRow).where(col(DecisionRow.request_id).in_(ids[at : at + 500]))
+            found.extend(s.exec(query))
+    return sorted(found, key=lambda row: row.id or 0)
 
 
 def list_decisions(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from sqlmodel import col, select
+from sqlmodel import col, func, select
 
 from relayq import RunResult
 from relayq import _transcript as tx
@@ -14,7 +15,7 @@ from store.messages import conversation
 from store.models import FINISHED, MessageRow, RequestRow, RunRow
 from store.requests import request_of
 
-__all__ = ["get_run", "list_runs", "run_result", "settled", "transcript"]
+__all__ = ["RunView", "get_run", "list_runs", "run_result", "run_view", "settled", "transcript"]
 
 
 def transcript(db: Database, conversation_id: str) -> list[dict[str, Any]]:
@@ -88,4 +89,52 @@ def run_result(db: Database, run_id: str) -> RunResult:
         usage=tx.usage_of(messages),
         run_id=run.id,
         error=run.error,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunView:
+    """A run as a page shows it: its prompt, and one window of its messages."""
+
+    run: RunRow
+    prompt: str | None
+    """The user message that started the run."""
+    messages: list[tuple[int, dict[str, Any]]]
+    """`(seq, message)` of the window, in order."""
+    total: int
+    """Messages the run wrote, in all."""
+    start: int
+    """Where the window starts among them, from 0."""
+
+
+def run_view(db: Database, run_id: str, *, start: int | None = None, limit: int = 50) -> RunView:
+    """The run, its prompt and `limit` of its messages from `start` (default: the last
+    `limit`): a conversation of 800 turns is never read whole for one page."""
+    with db.read() as s:
+        run = s.get(RunRow, run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        mine = MessageRow.run_id == run_id
+        total = s.exec(select(func.count()).select_from(MessageRow).where(mine)).one()
+        first = max(total - limit, 0) if start is None else max(min(start, total), 0)
+        window = s.exec(
+            select(MessageRow.seq, MessageRow.body)
+            .where(mine)
+            .order_by(col(MessageRow.seq))
+            .offset(first)
+            .limit(limit)
+        ).all()
+        prompt = s.exec(
+            select(MessageRow.body).where(
+                MessageRow.conversation_id == run.conversation_id,
+                MessageRow.seq == run.start_seq,
+            )
+        ).first()
+    text = prompt.get("content") if isinstance(prompt, dict) else None
+    return RunView(
+        run=run,
+        prompt=text if isinstance(text, str) else None,
+        messages=[(seq, dict(body)) for seq, body in window],
+        total=total,
+        start=first,
     )

@@ -13,7 +13,7 @@ from pydantic.alias_generators import to_camel
 from sqlalchemy import ColumnElement, String, Table, cast, exists, func, literal, or_, tuple_
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from relayq import Answer, Request, UnknownRequest
@@ -36,6 +36,7 @@ __all__ = [
     "all_requests",
     "cancel_requests",
     "get_request",
+    "get_requests",
     "list_requests",
     "open_request",
     "query_requests",
@@ -61,6 +62,12 @@ class StoredRequest(BaseModel):
     """The tool it is about: an approval's tool, a relay request's (first) call's."""
     approvers: list[str] = Field(default_factory=list)
     """The groups that may decide it now; empty: anyone who may answer."""
+    quorum: int = 1
+    """Approvals it takes (an approval request's policy; 1 for every other kind)."""
+    outcome: str | None = None
+    """How it was resolved: approved, edited, declined, answered, expired, cancelled."""
+    revision: int = 0
+    """Bumped by every answer or vote: a bulk decision names the revision it previewed."""
 
 
 def _stored(row: RequestRow) -> StoredRequest:
@@ -75,6 +82,9 @@ def _stored(row: RequestRow) -> StoredRequest:
         answered_at=row.answered_at,
         tool=row.tool,
         approvers=row.approvers or [],
+        quorum=row.quorum,
+        outcome=row.outcome,
+        revision=row.revision,
     )
 
 
@@ -152,6 +162,22 @@ def cancel_requests(s: Session, run_id: str) -> None:
         .where(table.c.run_id == run_id, table.c.status == "open")
         .values(status="cancelled", outcome="cancelled")
     )
+
+
+def get_requests(db: Database, request_ids: Sequence[str]) -> dict[str, StoredRequest]:
+    """The stored requests of these ids, by id; unknown ids are left out."""
+    found: dict[str, StoredRequest] = {}
+    wanted = list(dict.fromkeys(request_ids))
+    with db.read() as s:
+        for at in range(0, len(wanted), _CHUNK):
+            chunk = wanted[at : at + _CHUNK]
+            rows = s.exec(select(RequestRow).where(col(RequestRow.id).in_(chunk)))
+            found.update((row.id, _stored(row)) for row in rows)
+    return found
+
+
+# Ids per query: SQLite caps a statement's bound parameters.
+_CHUNK = 500
 
 
 def get_request(db: Database, request_id: str) -> StoredRequest:

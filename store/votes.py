@@ -30,7 +30,14 @@ from store.db import Database
 from store.models import RequestRow, RunRow, VoteRow
 from store.requests import request_of
 
-__all__ = ["Resolution", "check_may_decide", "current_arguments", "proposed_arguments", "vote"]
+__all__ = [
+    "Resolution",
+    "check_may_decide",
+    "current_arguments",
+    "proposed_arguments",
+    "vote",
+    "votes_of",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +88,13 @@ def proposed_arguments(db: Database, request_id: str) -> dict[str, Any]:
         if row is None:
             raise UnknownRequest(request_id)
         return current_arguments(s, row, request_of(row))
+
+
+def votes_of(db: Database, request_id: str) -> list[VoteRow]:
+    """The votes cast on a request, oldest first."""
+    with db.read() as s:
+        query = select(VoteRow).where(VoteRow.request_id == request_id)
+        return list(s.exec(query.order_by(col(VoteRow.at), col(VoteRow.voter))))
 
 
 def vote(

@@ -18,17 +18,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from celery import Celery
 from pydantic import ValidationError
 
-from relayq import Answer, AnswerMismatch, RelayqError, Request, RunResult
+from relayq import Answer, AnswerMismatch, BulkRefused, RelayqError, Request, RunResult
 from relayq._types import new_id
 from relayq.agents import Agent, load_agents, registered_agents
+from relayq.approvals import approve, decline, is_approval
 from relayq.limits import check_answer, check_run_input
 from relayq.loop import WaitFor
 from store import (
@@ -39,10 +40,12 @@ from store import (
     RunRow,
     StoredRequest,
     accept_answer,
+    accept_many,
     all_requests,
     cancel_run,
     create_run,
     create_runs,
+    get_requests,
     list_runs,
     migrate,
     query_requests,
@@ -345,6 +348,64 @@ class DurableClient:
         )
         await self._publish(accepted.outbox)
         return accepted.run_id
+
+    async def submit_many(
+        self,
+        answers: Sequence[Answer | dict[str, Any]],
+        *,
+        decider: Decider,
+        revisions: Mapping[str, int] | None = None,
+    ) -> list[str]:
+        """Decide many requests at once, all or nothing; returns the runs that resume.
+
+        `revisions` maps request ids to the `revision` the decider saw (a preview):
+        a request decided or voted on since is refused rather than decided blind.
+        BulkRefused, with nothing changed, names every request that refused its
+        answer and why; each answer is checked as `submit_answer` checks one.
+        """
+        replies = [_answer_of(a) for a in answers]
+        for reply in replies:
+            check_answer(reply, answered_by=decider.name, max_bytes=self.settings.max_answer_bytes)
+        seen = revisions or {}
+        accepted = await asyncio.to_thread(
+            accept_many, self.db, [(r, seen.get(r.id)) for r in replies], decider=decider
+        )
+        await self._publish([row for a in accepted for row in a.outbox])
+        return [a.run_id for a in accepted if a.complete]
+
+    async def decide_many(
+        self,
+        revisions: Mapping[str, int | None],
+        decision: Literal["approve", "decline"],
+        *,
+        decider: Decider,
+        reason: str | None = None,
+    ) -> list[str]:
+        """Approve, or decline with `reason`, every request named, all or nothing, as
+        `decider`; `revisions` maps each id to the revision a preview showed (None:
+        whatever it is now). Returns the runs that resume.
+
+        Only approval requests can be approved in bulk: a relay tool's result is
+        the answerer's own, never a stock "approved". BulkRefused names every
+        request that refuses the decision (unknown, not an approval, decided or
+        voted on since, not the decider's to decide) and nothing is changed.
+        """
+        if decision == "decline" and not (reason or "").strip():
+            raise BulkRefused(tuple((rid, "declining takes a reason") for rid in revisions))
+        stored = await asyncio.to_thread(get_requests, self.db, list(revisions))
+        refused = [
+            (rid, f"no request {rid}" if rid not in stored else f"{rid} is not an approval")
+            for rid in revisions
+            if rid not in stored or (decision == "approve" and not is_approval(stored[rid].request))
+        ]
+        if refused:
+            raise BulkRefused(tuple(refused))
+        answers = [
+            approve(rid) if decision == "approve" else decline(rid, reason or "")
+            for rid in revisions
+        ]
+        known = {rid: seen for rid, seen in revisions.items() if seen is not None}
+        return await self.submit_many(answers, decider=decider, revisions=known)
 
     async def run_with_answer(
         self,

@@ -18,7 +18,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from api._auth import Principal
-from api._inbox import _item, templates
+from api._inbox import templates
+from api._inbox_lists import Filters
+from api._inbox_views import item_of
 from api.app import create_app
 from relayq import Request
 from store import StoredRequest
@@ -663,6 +665,24 @@ async def test_the_event_stream_tells_when_a_request_is_answered_and_ends_with_i
     await eventually(lambda: api.app.state.event_streams == 0, what="the stream to end")
 
 
+def render_list(**context: Any) -> str:
+    """The open requests' page as the inbox renders it, with `context` over the defaults."""
+    defaults: dict[str, Any] = {
+        "history": False,
+        "total": len(context.get("requests", [])),
+        "first": 1,
+        "last": len(context.get("requests", [])),
+        "next_url": None,
+        "first_url": None,
+        "agents": [],
+        "ages": [],
+        "statuses": [],
+        "can_answer": True,
+        "here": "/",
+    }
+    return templates.get_template("inbox.html").render({**defaults, **context})
+
+
 def test_the_inbox_escapes_what_agents_and_models_wrote():
     # Given a request whose every field carries markup
     evil = "<script>alert(1)</script>"
@@ -679,20 +699,20 @@ def test_the_inbox_escapes_what_agents_and_models_wrote():
     )
 
     # When the inbox renders it, for a user whose name and groups carry markup too
-    html = templates.get_template("inbox.html").render(
+    html = render_list(
         who=Principal(name=evil, role="approver", groups=(evil, "ops")),
-        can_answer=True,
-        requests=[_item(stored)],
+        requests=[item_of(stored)],
         error=evil,
         flash=evil,
         csrf='"><script>alert(2)</script>',
+        filters=Filters(agent=evil, q=evil),
     )
 
-    # Then no markup of theirs survives, and the arguments are shown as indented JSON
+    # Then no markup of theirs survives, and the arguments are shown in brief
     assert "<script>alert" not in html
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 8
     assert 'value="&#34;&gt;&lt;script&gt;alert(2)' in html
-    assert "{\n  &#34;q&#34;: &#34;&lt;script&gt;" in html
+    assert "q: &lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 
 def test_the_inbox_keeps_attribute_breaking_text_inside_its_attributes():
@@ -712,13 +732,13 @@ def test_the_inbox_keeps_attribute_breaking_text_inside_its_attributes():
     )
 
     # When the inbox renders it
-    html = templates.get_template("inbox.html").render(
+    html = render_list(
         who=Principal(name="alice", role="approver"),
-        can_answer=True,
-        requests=[_item(stored)],
+        requests=[item_of(stored)],
         error=None,
         flash=breaker,
         csrf="token",
+        filters=Filters(tool=breaker, q=breaker),
     )
 
     # Then every quote is an entity: no attribute of theirs appears on any element

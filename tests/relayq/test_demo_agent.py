@@ -7,7 +7,18 @@ import json
 import pytest
 
 from relayq import create_in_process_client
-from relayq.demo import _model, demo, demo_model, lookup_order, order_of
+from relayq.approvals import approve, arguments_of, decline, edit, policy_of
+from relayq.demo import (
+    QUORUM_ABOVE,
+    _model,
+    demo,
+    demo_model,
+    demo_refunds,
+    lookup_order,
+    order_of,
+    order_record,
+    refunds_model,
+)
 from relayq.providers import ProviderConfig
 from relayq.relay import RelayResult, answer_declined, relay_answer, relay_calls_of
 
@@ -50,7 +61,67 @@ async def test_the_answer_decides_what_the_job_reports(approve: bool, expected: 
     assert done.turns == 3
 
 
+@pytest.mark.parametrize(
+    ("order", "tool", "quorum"), [("1001", "refund", 1), ("1003", "refund_large", 2)]
+)
+async def test_a_refund_asks_finance_with_the_tool_its_amount_calls_for(
+    order: str, tool: str, quorum: int
+):
+    client = create_in_process_client(generate=refunds_model)
+
+    halted = await client.run(f"refund order {order}", await demo_refunds.toolkit())
+
+    assert halted.status == "pending"
+    assert halted.pending is not None
+    amount = order_record(order)["amount"]
+    assert (amount <= QUORUM_ABOVE) == (quorum == 1)
+    assert halted.pending.data["tool"] == tool
+    assert arguments_of(halted.pending)["amount"] == amount
+    policy = policy_of(halted.pending)
+    assert (policy.approvers, policy.quorum) == (("finance",), quorum)
+    assert halted.pending.prompt == f"Refund {amount} on order {order}?"
+
+
+async def test_an_edited_refund_runs_with_the_edited_amount_and_the_reply_says_so():
+    client = create_in_process_client(generate=refunds_model)
+    toolkit = await demo_refunds.toolkit()
+    halted = await client.run("refund order 1001", toolkit)
+    assert halted.pending is not None
+    proposed = arguments_of(halted.pending)
+
+    answer = edit(halted.pending.id, {**proposed, "amount": 50})
+    done = await client.run_with_answer(toolkit, halted.messages, halted.pending, answer)
+
+    assert done.status == "done"
+    assert done.tool_calls[-1].output.endswith("refunded 50.00 on order 1001")
+    assert done.text == (
+        "Refunded 50.00 on order 1001. [The approver changed the arguments before refund "
+        f"ran: amount: {proposed['amount']} -> 50]"
+    )
+
+
+async def test_a_declined_refund_does_not_run_and_an_approved_one_runs_as_proposed():
+    client = create_in_process_client(generate=refunds_model)
+    toolkit = await demo_refunds.toolkit()
+    halted = await client.run("refund order 1003", toolkit)
+    assert halted.pending is not None
+    amount = arguments_of(halted.pending)["amount"]
+
+    declined = await client.run_with_answer(
+        toolkit, halted.messages, halted.pending, decline(halted.pending.id, "a duplicate")
+    )
+    approved = await client.run_with_answer(
+        toolkit, halted.messages, halted.pending, approve(halted.pending.id)
+    )
+
+    assert declined.text.startswith("Order 1003: not refunded")
+    assert "a duplicate" in declined.text
+    assert "refunded" not in declined.tool_calls[-1].output
+    assert approved.text == f"Refunded {amount:.2f} on order 1003."
+
+
 def test_an_order_number_comes_from_the_prompt_or_stably_from_its_text():
+    assert json.loads(lookup_order({"order": "1042"}, None)) == order_record("1042")  # type: ignore[arg-type]
     assert order_of("refund order 1042 please") == "1042"
     assert order_of("refund my lamp") == order_of("refund my lamp")
     assert order_of("refund my lamp").isdigit()
@@ -60,6 +131,7 @@ def test_the_model_is_offline_unless_a_real_one_is_named(monkeypatch: pytest.Mon
     monkeypatch.delenv("RELAYQ_MODEL", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert _model() is demo_model
+    assert _model(refunds_model) is refunds_model
 
     monkeypatch.setenv("RELAYQ_MODEL", "gpt-4.1-mini")
     monkeypatch.setenv("RELAYQ_MODEL_BASE_URL", "http://127.0.0.1:9/v1")

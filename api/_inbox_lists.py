@@ -1,0 +1,184 @@
+"""The inbox's lists: the open requests (`/`) and the history of decided ones (`/history`).
+
+Both are keyset pages of the store's listing (`store.query_requests`): an
+honest total of everything the filters match, the oldest first by default
+(the most urgent), and a link to the next page that stays right however many
+requests arrive meanwhile. The filters ride the URL, so a filtered page can be
+bookmarked, shared, and reloaded by `inbox.js` when something changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, get_args
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from api._auth import Principal, Tokens
+from api._inbox import COOKIE, client_of, login_page, render
+from api._inbox_views import item_of
+from relayq.agents import registered_agents
+from store import BadQuery, Page, RequestQuery, StoredRequest, query_requests
+from store.requests import RequestSort, SortOrder
+
+__all__ = ["AGES", "HISTORY", "PAGE", "Filters", "router"]
+
+PAGE = 50
+"""Requests on a page of the inbox."""
+
+AGES: dict[str, timedelta] = {
+    "1h": timedelta(hours=1),
+    "4h": timedelta(hours=4),
+    "1d": timedelta(days=1),
+    "7d": timedelta(days=7),
+}
+"""The age filter's choices: created at least this long ago."""
+
+HISTORY = ("answered", "expired", "cancelled")
+"""The statuses the history shows: every way a request stops waiting."""
+
+router = APIRouter(include_in_schema=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Filters:
+    """What a list shows: one set of filters, read from a URL or a form, written back to one."""
+
+    agent: str = ""
+    tool: str = ""
+    group: str = ""
+    q: str = ""
+    """Text in the prompt or the arguments."""
+    age: str = ""
+    """A key of AGES: only requests at least that old."""
+    status: str = ""
+    """The history's: one of HISTORY, or every one of them."""
+    sort: str = "age"
+    order: str = ""
+    """`asc` or `desc`; empty for the list's own default (oldest first; history newest)."""
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any]) -> Filters:
+        """The filters in a query string or a form; BadQuery for one the inbox does not take."""
+        values = {name: str(given.get(name) or "").strip() for name in cls.__dataclass_fields__}
+        filters = cls(**{**values, "sort": values["sort"] or "age"})
+        if filters.age and filters.age not in AGES:
+            raise BadQuery(f"unknown age {filters.age!r}; one of {', '.join(AGES)}", "age")
+        if filters.status and filters.status not in HISTORY:
+            raise BadQuery(f"unknown status {filters.status!r}; one of {', '.join(HISTORY)}")
+        if filters.sort not in get_args(RequestSort):
+            raise BadQuery(f"unknown sort {filters.sort!r}; one of age, agent, tool", "sort")
+        if filters.order and filters.order not in get_args(SortOrder):
+            raise BadQuery(f"unknown order {filters.order!r}; asc or desc", "order")
+        return filters
+
+    def query(self, *, history: bool, cursor: str | None = None, limit: int = PAGE) -> RequestQuery:
+        created_before = None
+        if self.age:
+            created_before = datetime.now(UTC) - AGES[self.age]
+        statuses: str | tuple[str, ...] = "open"
+        if history:
+            statuses = self.status or HISTORY
+        order: Any = self.order or ("desc" if history else "asc")
+        return RequestQuery(
+            status=statuses,
+            agent=self.agent or None,
+            tool=self.tool or None,
+            group=self.group or None,
+            search=self.q or None,
+            created_before=created_before,
+            sort=self.sort,  # type: ignore[arg-type]  # checked in `of`
+            order=order,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    def params(self) -> dict[str, str]:
+        """The filters that are set, for a URL or hidden form fields."""
+        return {k: v for k, v in asdict(self).items() if v and not (k == "sort" and v == "age")}
+
+    def url(self, path: str, **extra: str) -> str:
+        query = urlencode({**self.params(), **{k: v for k, v in extra.items() if v}})
+        return f"{path}?{query}" if query else path
+
+    @property
+    def active(self) -> bool:
+        return bool(replace(self, sort="age", order="").params())
+
+
+async def fetch_page(request: Request, query: RequestQuery) -> Page[StoredRequest]:
+    return await asyncio.to_thread(query_requests, client_of(request).db, query)
+
+
+def _principal(request: Request) -> Principal | None:
+    tokens: Tokens = request.app.state.tokens
+    token = request.cookies.get(COOKIE)
+    return tokens.lookup(token) if token else None
+
+
+async def _list(request: Request, *, history: bool) -> Response:
+    if not request.cookies.get(COOKIE):
+        return login_page(request)
+    who = _principal(request)
+    if who is None:
+        return login_page(request, error="That token is not valid; log in again.", status=401)
+    params = request.query_params
+    try:
+        filters = Filters.of(params)
+        cursor = params.get("cursor") or None
+        page = await fetch_page(request, filters.query(history=history, cursor=cursor))
+    except BadQuery as exc:
+        return render(
+            request,
+            who,
+            "inbox.html",
+            _context(Filters(), None, history),
+            status=422,
+            error=str(exc),
+        )
+    first = _int(params.get("from"), 1)
+    return render(request, who, "inbox.html", _context(filters, page, history, first))
+
+
+def _context(
+    filters: Filters, page: Page[StoredRequest] | None, history: bool, first: int = 1
+) -> dict[str, Any]:
+    items = [item_of(s) for s in page.items] if page is not None else []
+    path = "/history" if history else "/"
+    after = page.next_cursor if page is not None else None
+    return {
+        "history": history,
+        "filters": filters,
+        "requests": items,
+        "total": page.total if page is not None else 0,
+        "first": first,
+        "last": first + len(items) - 1,
+        "next_url": filters.url(path, cursor=after, **{"from": str(first + len(items))})
+        if after
+        else None,
+        "first_url": filters.url(path) if first > 1 else None,
+        "agents": sorted(registered_agents()),
+        "ages": list(AGES),
+        "statuses": HISTORY,
+    }
+
+
+def _int(text: str | None, default: int) -> int:
+    return int(text) if text and text.isascii() and text.isdigit() else default
+
+
+@router.get("/", response_class=HTMLResponse)
+async def inbox(request: Request) -> Response:
+    """The open requests, oldest first: the login form until the browser holds a session."""
+    return await _list(request, history=False)
+
+
+@router.get("/history", response_class=HTMLResponse)
+async def history(request: Request) -> Response:
+    """Requests that no longer wait: answered, expired or cancelled, the newest first."""
+    return await _list(request, history=True)
