@@ -40,6 +40,7 @@ __all__ = [
     "Viewing",
     "client_of",
     "login_page",
+    "page_session",
     "redirect_after",
     "render",
     "router",
@@ -161,15 +162,34 @@ def _page(request: Request, name: str, context: dict[str, Any], status: int) -> 
     return response
 
 
-def login_page(request: Request, *, error: str | None = None, status: int = 200) -> Response:
+def login_page(
+    request: Request, *, error: str | None = None, status: int = 200, next: str = "/"
+) -> Response:
+    """The login form; after logging in, the browser goes on to `next` (a path here)."""
     # Kept while it lasts, so that two tabs showing the login form both work.
     nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
     csrf = _signer(request).csrf_token(nonce)
-    response = _page(request, "login.html", {"error": error, "csrf": csrf}, status)
+    context = {"error": error, "csrf": csrf, "next": safe_next(next)}
+    response = _page(request, "login.html", context, status)
     _set_cookie(request, response, LOGIN_COOKIE, nonce)
     if error is not None:
         response.delete_cookie(COOKIE, path="/")
     return response
+
+
+def page_session(request: Request) -> Principal | Response:
+    """The cookie's principal, for a page: without a valid session, the login form
+    (401; 200 for the inbox's front page), which comes back here after logging in."""
+    refuse_tokens_in_url(request)
+    tokens: Tokens = request.app.state.tokens
+    token = request.cookies.get(COOKIE)
+    who = tokens.lookup(token) if token else None
+    if who is not None:
+        return who
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    if token:
+        return login_page(request, error="That token is not valid; log in again.", status=401)
+    return login_page(request, status=200 if here == "/" else 401, next=here)
 
 
 def _session_of(request: Request) -> Principal:
@@ -221,10 +241,12 @@ Answering = Annotated[Principal, Depends(_form(Permission.ANSWER))]
 
 
 @router.post("/login", response_class=HTMLResponse, dependencies=[Depends(_login_form)])
-async def login(request: Request, token: Annotated[str, Form()]) -> Response:
+async def login(
+    request: Request, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/"
+) -> Response:
     if request.app.state.tokens.lookup(token) is None:
-        return login_page(request, error="Unknown token.", status=401)
-    response = RedirectResponse("/", status_code=303)
+        return login_page(request, error="Unknown token.", status=401, next=next)
+    response = RedirectResponse(safe_next(next), status_code=303)
     _set_cookie(request, response, COOKIE, token)
     response.delete_cookie(LOGIN_COOKIE, path="/")
     return response

@@ -19,8 +19,8 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from api._auth import Principal, Tokens
-from api._inbox import COOKIE, client_of, login_page, render
+from api._auth import Principal
+from api._inbox import client_of, page_session, render
 from api._inbox_views import item_of
 from relayq.agents import registered_agents
 from store import BadQuery, Page, RequestQuery, StoredRequest, query_requests
@@ -115,18 +115,10 @@ async def fetch_page(request: Request, query: RequestQuery) -> Page[StoredReques
     return await asyncio.to_thread(query_requests, client_of(request).db, query)
 
 
-def _principal(request: Request) -> Principal | None:
-    tokens: Tokens = request.app.state.tokens
-    token = request.cookies.get(COOKIE)
-    return tokens.lookup(token) if token else None
-
-
 async def _list(request: Request, *, history: bool) -> Response:
-    if not request.cookies.get(COOKIE):
-        return login_page(request)
-    who = _principal(request)
-    if who is None:
-        return login_page(request, error="That token is not valid; log in again.", status=401)
+    who = page_session(request)
+    if not isinstance(who, Principal):
+        return who
     params = request.query_params
     try:
         filters = Filters.of(params)

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from api._auth import Permission, Principal
-from api._inbox import Viewing, client_of, render
+from api._inbox import client_of, page_session, render
 from api._inbox_views import fields_of, item_of, message_of, when
 from relayq import ResumeError
 from relayq.approvals import is_approval
@@ -143,7 +143,10 @@ def _decision_of(row: DecisionRow) -> dict[str, Any]:
 
 
 @router.get("/requests/{request_id}", response_class=HTMLResponse)
-async def request_page(request_id: str, request: Request, who: Viewing) -> Response:
+async def request_page(request_id: str, request: Request) -> Response:
+    who = page_session(request)
+    if not isinstance(who, Principal):
+        return who
     try:
         context = await request_context(request, who, request_id)
     except (ResumeError, UnknownRun) as exc:
@@ -152,8 +155,11 @@ async def request_page(request_id: str, request: Request, who: Viewing) -> Respo
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-async def run_page(run_id: str, request: Request, who: Viewing) -> Response:
+async def run_page(run_id: str, request: Request) -> Response:
     """A run: its status, a window of its transcript, its requests and their decisions."""
+    who = page_session(request)
+    if not isinstance(who, Principal):
+        return who
     start = request.query_params.get("start", "")
     db = client_of(request).db
 

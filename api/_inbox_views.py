@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relayq import _transcript as tx
-from relayq.approvals import arguments_of, is_approval
+from relayq.approvals import arguments_of, diff_arguments, is_approval
 from relayq.relay import relay_calls_of
 from store import StoredRequest
 
@@ -131,10 +131,21 @@ def item_of(stored: StoredRequest, now: datetime | None = None) -> dict[str, Any
         "answered_by": stored.answered_by or "",
         "answered_at": when(stored.answered_at),
         "reason": (answer.reason or "") if answer is not None and not answer.ok else "",
+        "changes": _changes(stored) if approval else "",
         "calls": calls,
         # Other kinds (a question, a budget) show their data instead of calls.
         "data": None if calls else pretty(request.data),
     }
+
+
+def _changes(stored: StoredRequest) -> str:
+    """What an approval approved in place of the model's arguments: `amount: 120 → 45`."""
+    answer = stored.answer
+    edited = (answer.data or {}).get("arguments") if answer is not None and answer.ok else None
+    if not isinstance(edited, dict):
+        return ""
+    diff = diff_arguments(arguments_of(stored.request), edited)
+    return _short(", ".join(f"{k}: {_text(old)} → {_text(new)}" for k, (old, new) in diff.items()))
 
 
 def _summary(arguments: dict[str, Any]) -> str:

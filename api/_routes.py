@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -149,6 +150,7 @@ async def list_requests(
     the last). 422: an unknown status, sort or order, a time without a zone, or a
     cursor that was edited or made for another sort.
     """
+    _known_parameters(request, list_requests)
     try:
         page = await _client(request).requests(
             _statuses(status),
@@ -168,6 +170,16 @@ async def list_requests(
     except BadQuery as exc:  # the caller's query, not the server: 422 with the store's reason
         raise HTTPException(422, str(exc)) from None
     return RequestPage.of(page)
+
+
+def _known_parameters(request: Request, route: Callable[..., Any]) -> None:
+    """422 for a query parameter the route does not take: a misspelt filter (`search=`
+    for `q=`) would otherwise be ignored, and list everything."""
+    taken = set(inspect.signature(route).parameters) - {"request", "who"}
+    unknown = sorted(set(request.query_params) - taken)
+    if unknown:
+        takes = ", ".join(sorted(taken))
+        raise HTTPException(422, f"unknown query parameter {unknown[0]!r}; one of {takes}")
 
 
 def _statuses(given: list[str] | None) -> list[str] | None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import NoReturn, TypeVar
+from datetime import timedelta
+from typing import Annotated, NoReturn, TypeVar
 
 import typer
 from kombu.exceptions import OperationalError as BrokerError
@@ -20,6 +22,12 @@ from tasks.settings import Settings
 
 __all__ = [
     "EXIT_FAILED",
+    "AgentFilter",
+    "GroupFilter",
+    "OlderThanFilter",
+    "SearchFilter",
+    "ToolFilter",
+    "age_of",
     "console",
     "fail",
     "known_agent",
@@ -29,6 +37,20 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# The request filters `pending` and `bulk` share.
+AgentFilter = Annotated[str | None, typer.Option(help="Only this agent's requests.")]
+ToolFilter = Annotated[str | None, typer.Option(help="Only requests about this tool.")]
+GroupFilter = Annotated[
+    str | None, typer.Option(help="Only requests whose approver groups name this group.")
+]
+SearchFilter = Annotated[
+    str | None,
+    typer.Option("--search", "-q", help="Text in the prompt or the arguments, any case."),
+]
+OlderThanFilter = Annotated[
+    str | None, typer.Option(help="Only requests older than this: 90s, 15m, 2h, 3d, 1w.")
+]
 
 # Exit status of a command whose run ended badly (failed, cancelled, incomplete, timed out)
 # or whose input was refused. Click keeps 2 for usage errors.
@@ -110,3 +132,14 @@ def run_with_client(
 
 async def _call(work: Callable[[DurableClient], Awaitable[T]], client: DurableClient) -> T:
     return await work(client)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def age_of(text: str) -> timedelta:
+    """`90s`, `15m`, `2h`, `3d`, `1w`: the units `relayq pending` shows ages in."""
+    found = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
+    if found is None:
+        fail(f"cannot read {text!r} as an age; write a number and a unit: 90s, 15m, 2h, 3d, 1w")
+    return timedelta(seconds=int(found.group(1)) * _UNITS[found.group(2)])

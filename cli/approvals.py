@@ -10,20 +10,36 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
-from datetime import datetime
-from typing import Annotated, Any
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
-from cli._common import console, fail, run_with_client
-from relayq import Answer
-from relayq.approvals import approve, edit
-from store import Decider, list_decisions
+from cli._common import (
+    EXIT_FAILED,
+    AgentFilter,
+    GroupFilter,
+    OlderThanFilter,
+    SearchFilter,
+    ToolFilter,
+    age_of,
+    console,
+    fail,
+    run_with_client,
+)
+from relayq import Answer, BulkRefused
+from relayq.approvals import APPROVAL_KIND, approve, arguments_of, edit, is_approval
+from relayq.relay import relay_calls_of
+from store import Decider, Page, StoredRequest, list_decisions
 from store.votes import proposed_arguments
 from tasks.client import DurableClient
 
-__all__ = ["audit", "cli_decider", "decision_answer", "os_user"]
+__all__ = ["audit", "bulk", "cli_decider", "decision_answer", "os_user"]
+
+PREVIEW_ROWS = 20
+"""Requests a bulk preview lists one by one; it counts them all."""
 
 
 def os_user() -> str:
@@ -138,6 +154,116 @@ def audit(
     out.print(table)
     if more is not None:
         out.print(f"more: relayq audit --cursor {more}")
+
+
+def bulk(
+    approve_all: Annotated[
+        bool, typer.Option("--approve", help="Approve every approval request that matches.")
+    ] = False,
+    decline_reason: Annotated[
+        str | None,
+        typer.Option("--decline", metavar="REASON", help="Decline every match, saying why."),
+    ] = None,
+    agent: AgentFilter = None,
+    tool: ToolFilter = None,
+    group: GroupFilter = None,
+    search: SearchFilter = None,
+    older_than: OlderThanFilter = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Decide without asking (after the preview).")
+    ] = False,
+    name: Annotated[
+        str | None, typer.Option("--as", help="Decide as this name (default cli:<OS user>).")
+    ] = None,
+    groups: Annotated[
+        list[str] | None,
+        typer.Option("--member-of", help="An approver group you decide for. Repeat for more."),
+    ] = None,
+) -> None:
+    """Approve or decline every open request the filters match, all or nothing.
+
+    Prints a preview (how many, and the first of them), asks before deciding,
+    and decides each at the revision the preview showed: if any was decided or
+    voted on meanwhile, or is not yours to decide, nothing is applied and the
+    command names each one and why.
+    """
+    _check_bulk(approve_all, decline_reason, filtered=any((agent, tool, group, search, older_than)))
+    decision: Literal["approve", "decline"] = "approve" if approve_all else "decline"
+    before = None if older_than is None else datetime.now(UTC) - age_of(older_than)
+    kind = APPROVAL_KIND if approve_all else None  # only approvals take a stock approval
+
+    async def preview(client: DurableClient) -> Page[StoredRequest]:
+        return await client.requests(
+            "open",
+            agent=agent,
+            tool=tool,
+            kind=kind,
+            group=group,
+            search=search,
+            created_before=before,
+            all_pages=True,
+        )
+
+    found = run_with_client(preview)
+    out = console()
+    if not found.items:
+        out.print("No open request matches; nothing to decide.")
+        return
+    _print_preview(out, found.items, decision)
+    verb = "Approve" if approve_all else f"Decline (reason: {decline_reason})"
+    if not yes and not typer.confirm(f"{verb} these {len(found.items)} requests?"):
+        out.print("Nothing was decided.")
+        raise typer.Exit(EXIT_FAILED)
+    who = cli_decider(name, groups or [])
+    revisions: dict[str, int | None] = {s.request.id: s.revision for s in found.items}
+
+    async def decide(client: DurableClient) -> list[str] | BulkRefused:
+        try:
+            return await client.decide_many(revisions, decision, decider=who, reason=decline_reason)
+        except BulkRefused as exc:  # said here in full, not as one line
+            return exc
+
+    resumed = run_with_client(decide)
+    if isinstance(resumed, BulkRefused):
+        out.print(f"Nothing was decided: {len(resumed.refused)} of {len(revisions)} refused it:")
+        for request_id, why in resumed.refused:
+            out.print(f"  {request_id}: {why}")
+        raise typer.Exit(EXIT_FAILED)
+    done = "approved" if approve_all else "declined"
+    out.print(
+        f"{len(revisions)} requests {done} as {who.name} (via cli, OS user {who.os_user}); "
+        f"{len(resumed)} runs resume."
+    )
+
+
+def _check_bulk(approve_all: bool, decline_reason: str | None, *, filtered: bool) -> None:
+    if approve_all == (decline_reason is not None):
+        fail("give one of --approve or --decline REASON")
+    if decline_reason is not None and not decline_reason.strip():
+        fail("--decline takes a reason: the model is told it")
+    if not filtered:  # a filter says which, on purpose: no "decide everything" by accident
+        fail("give at least one filter (--agent, --tool, --group, --search, --older-than)")
+
+
+def _print_preview(out: Console, items: list[StoredRequest], decision: str) -> None:
+    table = Table("request", "agent", "tool", "arguments", "created", title=None)
+    for stored in items[:PREVIEW_ROWS]:
+        arguments = (
+            arguments_of(stored.request)
+            if is_approval(stored.request)
+            else [c.input for c in relay_calls_of(stored.request)]
+        )
+        table.add_row(
+            stored.request.id,
+            stored.agent,
+            stored.tool or stored.request.kind,
+            json.dumps(arguments, ensure_ascii=False)[:60],
+            stored.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    out.print(f"{len(items)} open requests match; to {decision}:")
+    out.print(table)
+    if len(items) > PREVIEW_ROWS:
+        out.print(f"... and {len(items) - PREVIEW_ROWS} more.")
 
 
 def _aware(moment: datetime | None) -> datetime | None:

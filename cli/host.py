@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shlex
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -17,7 +16,19 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cli._common import console, fail, known_agent, run_with_client, settings
+from cli._common import (
+    AgentFilter,
+    GroupFilter,
+    OlderThanFilter,
+    SearchFilter,
+    ToolFilter,
+    age_of,
+    console,
+    fail,
+    known_agent,
+    run_with_client,
+    settings,
+)
 from cli.approvals import cli_decider, decision_answer
 from cli.render import MessagePrinter, age, clip, print_pending, print_requests, status_style
 from relayq import Answer, RunResult
@@ -96,22 +107,15 @@ def _finish(out: Console, result: RunResult) -> None:
 
 def pending(
     ctx: typer.Context,
-    agent: Annotated[str | None, typer.Option(help="Only this agent's requests.")] = None,
-    tool: Annotated[str | None, typer.Option(help="Only requests about this tool.")] = None,
+    agent: AgentFilter = None,
+    tool: ToolFilter = None,
     kind: Annotated[
         str | None, typer.Option(help="Only requests of this kind (tool_call, approval, ...).")
     ] = None,
-    group: Annotated[
-        str | None, typer.Option(help="Only requests whose approver groups name this group.")
-    ] = None,
+    group: GroupFilter = None,
     run_id: Annotated[str | None, typer.Option("--run", help="Only this run's requests.")] = None,
-    search: Annotated[
-        str | None,
-        typer.Option("--search", "-q", help="Text in the prompt or the arguments, any case."),
-    ] = None,
-    older_than: Annotated[
-        str | None, typer.Option(help="Only requests older than this: 90s, 15m, 2h, 3d, 1w.")
-    ] = None,
+    search: SearchFilter = None,
+    older_than: OlderThanFilter = None,
     newer_than: Annotated[
         str | None, typer.Option(help="Only requests at most this old: 90s, 15m, 2h, 3d, 1w.")
     ] = None,
@@ -141,8 +145,8 @@ def pending(
     """
     statuses = _request_statuses(status)
     now = datetime.now(UTC)
-    before = None if older_than is None else now - _duration(older_than)
-    after = None if newer_than is None else now - _duration(newer_than)
+    before = None if older_than is None else now - age_of(older_than)
+    after = None if newer_than is None else now - age_of(newer_than)
     sort_by = cast(RequestSort, _choice(sort, ("age", "agent", "tool"), "--sort"))
     direction = cast(SortOrder, _choice(order, ("asc", "desc"), "--order"))
 
@@ -190,17 +194,6 @@ def _choice(value: str, choices: tuple[str, ...], option: str) -> str:
     if value not in choices:
         fail(f"unknown {option} {value!r}; one of {', '.join(choices)}")
     return value
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def _duration(text: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `3d`, `1w`: the units `relayq pending` shows ages in."""
-    found = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
-    if found is None:
-        fail(f"cannot read {text!r} as an age; write a number and a unit: 90s, 15m, 2h, 3d, 1w")
-    return timedelta(seconds=int(found.group(1)) * _UNITS[found.group(2)])
 
 
 def _order_words(sort: str, order: str) -> str:

@@ -4,6 +4,7 @@ relayq worker --agents myagents      # run turns
 relayq run support "refund order 17" # start a run and follow it
 relayq pending                       # what runs wait on
 relayq answer req_... --output ok    # answer, and the run goes on
+relayq bulk --approve --tool refund  # decide every match, after a preview
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ app.command()(host.cancel)
 # Requests
 app.command()(host.pending)
 app.command()(host.answer)
+app.command()(approvals.bulk)
 app.command()(approvals.audit)
 
 

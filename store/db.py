@@ -78,6 +78,13 @@ class Database:
                 self.url, pool_pre_ping=True, pool_size=24, max_overflow=16, hide_parameters=True
             )
         self._writer = self.engine.execution_options(**{_WRITE: True})
+        # SQLite's reads already share one snapshot per transaction (WAL); PostgreSQL's
+        # READ COMMITTED takes one per statement.
+        self._snapshot = (
+            self.engine
+            if self.is_sqlite
+            else self.engine.execution_options(isolation_level="REPEATABLE READ")
+        )
 
     @property
     def is_sqlite(self) -> bool:
@@ -92,6 +99,12 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """A read whose statements all see the same data: a page and its total agree."""
+        with Session(self._snapshot, expire_on_commit=False) as session:
             yield session
 
     @contextmanager

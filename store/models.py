@@ -114,6 +114,8 @@ class RequestRow(SQLModel, table=True):
     __tablename__ = "relayq_requests"
     __table_args__ = (
         Index("ix_relayq_requests_status_expires", "status", "expires_at"),
+        # The inbox's page: a status's requests in age order, read without sorting them all.
+        Index("ix_relayq_requests_status_created", "status", "created_at", "id"),
         # The sweeper's look for accepted answers whose task never ran.
         Index("ix_relayq_requests_applied_status", "applied", "status"),
     )

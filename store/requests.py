@@ -276,7 +276,7 @@ def query_requests(db: Database, query: RequestQuery | None = None) -> Page[Stor
     listing = _ordered(select(RequestRow).where(*where), query.sort, query.order)
     if query.cursor is not None:
         listing = listing.where(_after(query, _cursor_key(query, query.cursor)))
-    with db.read() as s:
+    with db.snapshot() as s:  # the page and its total from one moment
         rows = list(s.exec(listing.limit(query.limit + 1)))  # one more: is there a next page?
         total = s.exec(select(func.count()).select_from(RequestRow).where(*where)).one()
     more, rows = len(rows) > query.limit, rows[: query.limit]

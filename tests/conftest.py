@@ -64,6 +64,14 @@ class Parts:
 _PARTS = pytest.StashKey[Parts]()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--screenshots",
+        action="store_true",
+        help="the browser tests also save the inbox's pages as PNGs in docs/ (the README's)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     names = frozenset(n.strip() for n in os.environ.get(REQUIRE, "").split(",") if n.strip())
     unknown = sorted(names - PARTS.keys())

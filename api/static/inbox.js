@@ -31,6 +31,7 @@
     if (!fresh.ok) return;
     const doc = new DOMParser().parseFromString(await fresh.text(), "text/html");
     const list = doc.querySelector("[data-live]");
+    if (busy()) return notice(); // the user started something while the page was fetched
     if (list) live().replaceWith(list);
   };
   // The inbox's own stream: the API's /api/events takes a bearer token, never the cookie.

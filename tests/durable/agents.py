@@ -7,6 +7,7 @@ test in another process can count model calls and tool executions.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from datetime import timedelta
@@ -391,3 +392,51 @@ refunds = Agent(
         )
     ],
 )
+
+
+# The inbox's refunds: the arguments come from the prompt, a JSON object
+# ({"order", "amount", "note"}), so each test makes requests it can find again.
+DESK_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order": {"type": "string", "description": "The order to refund"},
+        "amount": {"type": "number", "maximum": 1000, "description": "In euros"},
+        "note": {"type": "string"},
+    },
+    "required": ["order", "amount"],
+    "additionalProperties": False,
+}
+
+
+def desk_refund(args: dict[str, Any], ctx: ToolContext) -> str:
+    note("tool", f"desk {ctx.run_id} {args['amount']}")
+    return f"refunded {args['amount']} on order {args['order']}"
+
+
+def desk_model(req: InProcessRequest) -> InProcessResponse:
+    outs = tool_outputs(req)
+    if outs:
+        return InProcessResponse(content=outs[0])
+    arguments = json.loads(prompt_of(req))
+    return InProcessResponse(
+        tool_calls=[InProcessToolCall(id="c1", name="refund", arguments=arguments)]
+    )
+
+
+def _desk(name: str, quorum: int) -> Agent:
+    return Agent(
+        name,
+        desk_model,
+        tools=[
+            requires_approval(
+                define_tool("refund", "Refund an order", DESK_SCHEMA, desk_refund),
+                approvers=["finance"],
+                quorum=quorum,
+                prompt=lambda args: f"Refund {args.get('amount')} on order {args.get('order')}?",
+            )
+        ],
+    )
+
+
+desk = _desk("desk", 1)
+desk_pair = _desk("desk_pair", 2)

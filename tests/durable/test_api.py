@@ -151,10 +151,22 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("GET", "/api/requests", "read", None),
     ("GET", "/api/requests/req_x", "read", None),
     ("POST", "/api/requests/req_x/answer", "answer", {"json": {"output": "x"}}),
+    ("POST", "/api/requests/req_x/decision", "answer", {"json": {"decision": "approve"}}),
+    (
+        "POST",
+        "/api/requests/decisions",
+        "answer",
+        {"json": {"decision": "approve", "requests": [{"id": "req_x"}]}},
+    ),
+    ("GET", "/api/requests/req_x/decisions", "read", None),
+    ("GET", "/api/audit", "read", None),
     ("GET", "/api/events", "read", None),
     ("GET", "/events", "read", None),
     ("POST", "/requests/req_x/approve", "answer", {"data": {"output": "x"}}),
     ("POST", "/requests/req_x/decline", "answer", {"data": {"reason": "x"}}),
+    ("POST", "/requests/req_x/edit", "answer", {"data": {"arg:amount": "1"}}),
+    ("POST", "/bulk/preview", "answer", {"data": {"action": "approve-selected", "ids": "req_x"}}),
+    ("POST", "/bulk", "answer", {"data": {"decision": "approve", "items": "req_x:0"}}),
     ("POST", "/logout", "read", None),
 ]
 ROLES_WITH = {
@@ -591,6 +603,7 @@ BAD_LISTINGS = [
     pytest.param({"limit": 0}, "greater than or equal to 1", id="an empty page"),
     pytest.param({"sort": "size"}, "'age', 'agent' or 'tool'", id="an unknown sort"),
     pytest.param({"order": "up"}, "'asc' or 'desc'", id="an unknown order"),
+    pytest.param({"search": "x"}, "unknown query parameter 'search'", id="a misspelt filter"),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shlex
@@ -18,17 +19,18 @@ from typer.testing import CliRunner, Result
 
 from cli.main import app
 from relayq import RunResult
-from store import get_request, list_requests, list_runs, run_result
+from store import RequestQuery, get_request, list_requests, list_runs, query_requests, run_result
 from store.requests import StoredRequest
 from tests.processes import stop_group
 from tests.store.test_request_queries import listing_rows, seeded_requests
 
 from .conftest import ROOT, Durable
+from .desk import new_tag, start_refunds
 
 RELAYQ = Path(sys.executable).parent / "relayq"
 COMMANDS = [
     "worker", "beat", "api", "flower", "demo", "run", "batch",
-    "runs", "show", "cancel", "pending", "answer", "audit",
+    "runs", "show", "cancel", "pending", "answer", "bulk", "audit",
 ]  # fmt: skip
 
 
@@ -38,8 +40,8 @@ def cli(durable: Durable) -> Callable[..., Result]:
     runner = CliRunner()
     env = {**durable.env, "COLUMNS": "250"}
 
-    def invoke(*args: str) -> Result:
-        return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+    def invoke(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(app, list(args), env=env, catch_exceptions=False, input=input)
 
     return invoke
 
@@ -302,6 +304,61 @@ def test_an_approval_is_edited_and_approved_from_the_cli_and_the_trail_says_who(
     table = cli("audit", "--agent", "refunds")
     assert "carol" in table.stdout
     assert "approved" in table.stdout
+
+
+def test_bulk_previews_asks_and_decides_every_match_or_nothing(
+    cli: Callable[..., Result], durable: Durable
+):
+    # Given three refunds waiting on finance
+    tag = new_tag()
+    runs = asyncio.run(start_refunds(durable, tag, 3))
+    db = durable.db()
+    deadline = time.monotonic() + 60
+    while query_requests(db, RequestQuery(search=tag)).total < 3:
+        assert time.monotonic() < deadline, "the refunds did not open"
+        time.sleep(0.1)
+    db.dispose()
+    before = store_snapshot(durable)
+    args = ("bulk", "--approve", "--search", tag)
+
+    # When someone outside finance confirms, everything is refused, each request named
+    outsider = cli(*args, "--as", "sam", "--member-of", "support", input="y\n")
+    assert outsider.exit_code == 1, outsider.output
+    assert "Nothing was decided: 3 of 3 refused it" in outsider.stdout
+    assert outsider.stdout.count("not in the approver groups") == 3
+    # ... and when dan of finance sees the preview and says no, nothing is decided either
+    declined = cli(*args, "--as", "dan", "--member-of", "finance", input="n\n")
+    assert declined.exit_code == 1, declined.output
+    assert "3 open requests match; to approve:" in declined.stdout
+    assert "Approve these 3 requests?" in declined.stdout
+    assert "Nothing was decided." in declined.stdout
+    assert store_snapshot(durable) == before
+
+    # When he says yes
+    approved = cli(*args, "--as", "dan", "--member-of", "finance", input="y\n")
+
+    # Then all three are approved as dan, through the CLI, and their runs refund
+    assert approved.exit_code == 0, approved.output
+    assert "3 requests approved as dan (via cli, OS user" in approved.stdout
+    for run_id in runs:
+        assert settle(durable, run_id, "done").text.startswith("refunded")
+    trail = json.loads(cli("audit", "--actor", "dan", "--json").stdout)["items"]
+    assert {(d["via"], d["outcome"]) for d in trail if d["runId"] in runs} == {("cli", "approved")}
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--approve"], "give at least one filter"),
+        (["--approve", "--decline", "no", "--agent", "desk"], "one of --approve or --decline"),
+        (["--decline", " ", "--agent", "desk"], "--decline takes a reason"),
+        (["--agent", "desk"], "one of --approve or --decline"),
+    ],
+)
+def test_bulk_refuses_an_unclear_command_with_one_line(
+    cli: Callable[..., Result], args: list[str], says: str
+):
+    assert says in one_error_line(cli("bulk", *args))
 
 
 def test_a_declined_answer_continues_the_run(

@@ -1,27 +1,24 @@
-"""The inbox in a real browser (Debian's chromium, driven by Playwright), real workers behind it."""
+"""The inbox in a real browser: the approvals flow, live updates, sessions and CSRF."""
 
 from __future__ import annotations
 
 import html
 import json
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Iterator
+from typing import Annotated
 from urllib.parse import urlencode
 
 import pytest
 from fastapi import FastAPI, Query
 from fastapi.responses import HTMLResponse
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import Browser, expect
 
 from api._inbox import CSRF_REFUSED
-from api.app import create_app
 
-from .conftest import Durable, Eventually
-from .test_api import (
+from ..conftest import Eventually
+from ..test_api import (
     APPROVER,
     SUBMITTER,
-    TOKENS,
     VIEWER,
     ApiServer,
     open_request,
@@ -29,27 +26,9 @@ from .test_api import (
     settled_run,
     start_run,
 )
-
-if TYPE_CHECKING:
-    from tests.conftest import Parts
-
-CHROMIUM = Path("/usr/bin/chromium")
+from .pages import WAIT_MS, logged_in
 
 pytestmark = pytest.mark.browser
-
-WAIT_MS = 15_000
-
-
-@pytest.fixture(scope="module", autouse=True)
-def chromium(machine_parts: Parts) -> None:
-    """Skipped where the browser is missing; a failure where RELAYQ_REQUIRE names it (CI)."""
-    if not CHROMIUM.exists():
-        machine_parts.missing("browser", f"no chromium at {CHROMIUM} (apt-get install chromium)")
-
-
-@pytest.fixture(scope="module")
-def inbox_api(durable: Durable) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(durable.settings, tokens=TOKENS))
 
 
 def attacker_app() -> FastAPI:
@@ -79,44 +58,9 @@ def attacker() -> Iterator[ApiServer]:
     yield from serve_in_thread(attacker_app())
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        # Containers often give /dev/shm 64 MiB, too little for chromium's shared memory.
-        chromium = await pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=["--disable-dev-shm-usage"]
-        )
-        try:
-            yield chromium
-        finally:
-            await chromium.close()
-
-
-async def logged_in(
-    browser: Browser, api: ApiServer, token: str, *, violations: list[str] | None = None
-) -> Page:
-    """A new browser context logged in to the inbox; `violations` collects the
-    Content-Security-Policy errors its pages' consoles report."""
-    context = await browser.new_context(base_url=api.url)
-
-    def note(message: ConsoleMessage) -> None:
-        if violations is not None and "Content Security Policy" in message.text:
-            violations.append(message.text)
-
-    context.on("console", note)
-    page = await context.new_page()
-    await page.goto("/")
-    await page.get_by_label("API token").fill(token)
-    await page.get_by_role("button", name="Log in").click()
-    await expect(page.get_by_role("heading", name="relayq inbox")).to_be_visible()
-    await expect(page.locator("#requests")).to_be_visible(timeout=WAIT_MS)
-    return page
-
-
 async def test_an_approver_approves_in_the_inbox_and_another_tab_follows_without_reloading(
-    inbox_api: ApiServer, browser: Browser, eventually: Eventually, prompt: str
+    api: ApiServer, browser: Browser, eventually: Eventually, prompt: str
 ):
-    api = inbox_api
     # Given two runs waiting on a request each
     first = await start_run(api, "lookup", prompt)
     second = await start_run(api, "lookup", f"{prompt} again")
@@ -173,9 +117,8 @@ async def test_an_approver_approves_in_the_inbox_and_another_tab_follows_without
 
 
 async def test_a_viewer_sees_requests_but_no_answer_forms_and_can_log_out(
-    inbox_api: ApiServer, browser: Browser, eventually: Eventually, prompt: str
+    api: ApiServer, browser: Browser, eventually: Eventually, prompt: str
 ):
-    api = inbox_api
     run_id = await start_run(api, "lookup", prompt)
     request_id = (await open_request(api, run_id, eventually))["request"]["id"]
 
@@ -199,13 +142,12 @@ async def test_a_viewer_sees_requests_but_no_answer_forms_and_can_log_out(
 
 
 async def test_a_page_of_another_origin_can_neither_answer_in_the_inbox_nor_call_the_api(
-    inbox_api: ApiServer,
+    api: ApiServer,
     attacker: ApiServer,
     browser: Browser,
     eventually: Eventually,
     prompt: str,
 ):
-    api = inbox_api
     # Given a run waiting on a request, and an approver logged in to the inbox
     run_id = await start_run(api, "lookup", prompt)
     request_id = (await open_request(api, run_id, eventually))["request"]["id"]

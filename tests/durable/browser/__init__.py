@@ -1,0 +1,1 @@
+"""The inbox in a real browser: Debian's chromium, driven by Playwright, real workers behind it."""

@@ -1,0 +1,70 @@
+"""The browser tests' parts: chromium, the inbox's server, screenshots for the README.
+
+With `--screenshots`, the tests also save the pages the README shows as PNGs in docs/:
+
+    .venv/bin/pytest tests/durable/browser --screenshots -k sqlite
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+
+from api.app import create_app
+
+from ..conftest import Durable
+from ..desk import DESK_TOKENS
+from ..test_api import TOKENS, ApiServer, serve_in_thread
+
+if TYPE_CHECKING:
+    from tests.conftest import Parts
+
+CHROMIUM = Path("/usr/bin/chromium")
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def chromium(machine_parts: Parts) -> None:
+    """Skipped where the browser is missing; a failure where RELAYQ_REQUIRE names it (CI)."""
+    if not CHROMIUM.exists():
+        machine_parts.missing("browser", f"no chromium at {CHROMIUM} (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def api(durable: Durable) -> Iterator[ApiServer]:
+    # The lookup tests' people, and the desk's (fay and gil of finance, sid of support ...).
+    yield from serve_in_thread(create_app(durable.settings, tokens=f"{TOKENS},{DESK_TOKENS}"))
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as pw:
+        # Containers often give /dev/shm 64 MiB, too little for chromium's shared memory.
+        chromium = await pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=["--disable-dev-shm-usage"]
+        )
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+Shoot = Callable[[Page, str], Awaitable[None]]
+
+
+@pytest.fixture
+def screenshot(pytestconfig: pytest.Config) -> Shoot:
+    """`await screenshot(page, "inbox-list")` saves the whole page as docs/inbox-list.png
+    under `--screenshots` (the README's pictures); without the flag it writes nothing."""
+
+    async def shoot(page: Page, name: str) -> None:
+        if pytestconfig.getoption("--screenshots"):
+            DOCS.mkdir(exist_ok=True)
+            path = DOCS / f"{name}.png"
+            await page.screenshot(path=path, full_page=True, animations="disabled", caret="hide")
+
+    return shoot

@@ -1,0 +1,95 @@
+"""The inbox's back office, for its tests: people in groups, and refunds waiting on them.
+
+The `desk` agents (tests/durable/agents.py) take their refund's arguments from
+the prompt, so each test tags its refunds with a word of its own (`note`) and
+finds exactly them again by search, whatever else the session's store holds.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from tasks import DurableClient
+
+from .conftest import Durable, Eventually
+from .test_api import ApiServer, csrf_of
+
+FAY, GIL, SID, VAL, SUE = "t0k-fay", "t0k-gil", "t0k-sid", "t0k-val", "t0k-sue"
+DESK_TOKENS = (
+    f"fay:approver:{FAY}:finance,gil:approver:{GIL}:finance|ops,"
+    f"sid:approver:{SID}:support,val:viewer:{VAL},sue:submitter:{SUE}"
+)
+
+
+def new_tag() -> str:
+    """A word no other test's refunds hold."""
+    return f"tag{uuid.uuid4().hex[:10]}"
+
+
+async def decline_open(api: ApiServer, tag: str) -> None:
+    """Decline whatever of `tag`'s refunds is still open (as gil, or as fay where gil has
+    voted already), and check that nothing is left."""
+    async with api.http(VAL) as viewer, api.http(GIL) as gil, api.http(FAY) as fay:
+        params: dict[str, Any] = {"q": tag, "status": "open", "limit": 500}
+        left = (await viewer.get("/api/requests", params=params)).json()["items"]
+        body = {"decision": "decline", "reason": "the test is over"}
+        for request_id in ids_of(left):
+            path = f"/api/requests/{request_id}/decision"
+            if (await gil.post(path, json=body)).status_code == 409:  # gil voted on it
+                await fay.post(path, json=body)
+        assert (await viewer.get("/api/requests", params=params)).json()["total"] == 0
+
+
+def refund_prompt(tag: str, n: int, amount: float | None = None) -> str:
+    return json.dumps({"order": f"{n:05d}", "amount": amount or 10 + n, "note": tag})
+
+
+async def start_refunds(
+    durable: Durable, tag: str, count: int, *, agent: str = "desk", amount: float | None = None
+) -> list[str]:
+    """Start `count` refunds tagged `tag`, in order (order 00000 first), as sue."""
+    prompts = [refund_prompt(tag, n, amount) for n in range(count)]
+    async with DurableClient(settings=durable.settings) as client:
+        return await client.start_many(agent, prompts, started_by="sue")
+
+
+async def waiting(
+    api: ApiServer, tag: str, count: int, eventually: Eventually
+) -> list[dict[str, Any]]:
+    """The open requests tagged `tag`, oldest first, once all `count` are open."""
+    async with api.http(VAL) as http:
+
+        async def opened() -> list[dict[str, Any]] | None:
+            params: dict[str, Any] = {"q": tag, "status": "open", "limit": 500}
+            page = (await http.get("/api/requests", params=params)).json()
+            return page["items"] if page["total"] == count else None
+
+        found: list[dict[str, Any]] = await eventually(
+            opened, timeout=120, what=f"{count} refunds tagged {tag} to wait"
+        )
+        return found
+
+
+@asynccontextmanager
+async def inbox_session(api: ApiServer, token: str) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """A browser-like HTTP client logged in to the inbox, and its pages' CSRF token."""
+    async with api.http() as http:
+        login = await http.get("/")
+        res = await http.post("/login", data={"token": token, "csrf_token": csrf_of(login.text)})
+        assert res.status_code == 303, res.text
+        yield http, csrf_of((await http.get("/")).text)
+
+
+def ids_of(items: list[dict[str, Any]]) -> list[str]:
+    return [item["request"]["id"] for item in items]
+
+
+def chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for at in range(0, len(items), size):
+        yield items[at : at + size]
