@@ -125,6 +125,8 @@ def _run_of(view: Any) -> dict[str, Any]:
         "text": run.text or "",
         "error": run.error or "",
         "conversation_id": run.conversation_id,
+        "batch_id": run.batch_id or "",
+        "job_id": run.job_id or "",
     }
 
 

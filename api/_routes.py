@@ -37,11 +37,15 @@ class _Camel(BaseModel):
 
 
 class NewRun(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True)
 
     agent: str = Field(min_length=1)
     """A registered agent's name."""
     prompt: str = Field(min_length=1)
+    batch_id: str | None = Field(default=None, min_length=1, max_length=200)
+    """The batch the run is a job of, if any: shown with its requests in the inbox."""
+    job_id: str | None = Field(default=None, min_length=1, max_length=200)
+    """The job's id within its batch."""
 
 
 class Created(BaseModel):
@@ -90,7 +94,14 @@ async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
     """
     # Refusals (UnknownAgent, InputTooLarge, ...) answer by their type: see api._errors.
     client = _client(request)
-    return Created(id=await client.start(get_agent(body.agent), body.prompt, started_by=who.name))
+    run_id = await client.start(
+        get_agent(body.agent),
+        body.prompt,
+        started_by=who.name,
+        batch_id=body.batch_id,
+        job_id=body.job_id,
+    )
+    return Created(id=run_id)
 
 
 @router.get("/runs")

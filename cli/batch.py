@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlmodel import col, select
 
 from cli._common import fail, known_agent, run_with_client, settings
+from relayq._types import new_id
 from store import FINISHED, Database, RunRow
 from tasks.client import DurableClient
 
@@ -90,9 +91,10 @@ def sidecar_of(output: Path) -> Path:
     return output.with_name(output.name + ".runs")
 
 
-def _load_sidecar(path: Path, agent: str) -> dict[str, str]:
+def _load_sidecar(path: Path, agent: str) -> tuple[str, dict[str, str]]:
+    """The batch's id (a new one for a new batch) and the runs it started, by job id."""
     if not path.exists():
-        return {}
+        return new_id("batch"), {}
     try:
         state = json.loads(path.read_text())
         known = state["runs"]
@@ -105,7 +107,9 @@ def _load_sidecar(path: Path, agent: str) -> dict[str, str]:
             f"{path} records a batch of agent {state.get('agent')!r}, not {agent!r}; "
             "use another output file or delete it to start over"
         )
-    return {str(k): str(v) for k, v in known.items()}
+    batch_id = state.get("batch")  # a state file written before batches had ids has none
+    runs = {str(k): str(v) for k, v in known.items()}
+    return (batch_id if isinstance(batch_id, str) and batch_id else new_id("batch")), runs
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -115,8 +119,9 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _save_sidecar(path: Path, agent: str, runs: dict[str, str]) -> None:
-    _write_atomically(path, json.dumps({"agent": agent, "runs": runs}, indent=1) + "\n")
+def _save_sidecar(path: Path, agent: str, batch_id: str, runs: dict[str, str]) -> None:
+    state = {"agent": agent, "batch": batch_id, "runs": runs}
+    _write_atomically(path, json.dumps(state, indent=1) + "\n")
 
 
 def batch(
@@ -150,15 +155,20 @@ def batch(
     current = settings()
     known_agent(agent, current)
     sidecar = sidecar_of(output)
-    runs = _load_sidecar(sidecar, agent)
+    batch_id, runs = _load_sidecar(sidecar, agent)
     err = Console(stderr=True, highlight=False)
 
     async def go(client: DurableClient) -> dict[str, RunRow]:
         todo = [job for job in jobs if job.key not in runs]
         if todo:
-            started = await client.start_many(agent, [job.prompt for job in todo])
+            started = await client.start_many(
+                agent,
+                [job.prompt for job in todo],
+                batch_id=batch_id,
+                job_ids=[job.key for job in todo],
+            )
             runs.update(zip((job.key for job in todo), started, strict=True))
-            _save_sidecar(sidecar, agent, runs)
+            _save_sidecar(sidecar, agent, batch_id, runs)
         err.print(f"{len(jobs)} jobs: {len(todo)} started, {len(jobs) - len(todo)} already started")
         return await _watch(client.db, jobs, runs, output, timeout=timeout, err=err)
 

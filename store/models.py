@@ -82,6 +82,10 @@ class RunRow(SQLModel, table=True):
     """Workers that died holding this turn; a turn that finishes resets it."""
     started_by: str | None = None
     """The identity that started the run (an API token's name, `cli:<os user>`), if known."""
+    batch_id: str | None = Field(default=None, index=True)
+    """The batch the run is a job of, if any (`relayq batch`, or the host's own)."""
+    job_id: str | None = None
+    """The job's id within its batch, as the batch's input gave it."""
     cancel_requested: bool = False
     claimed_by: str | None = None
     """The task id holding the current claim; a redelivery of that task may take it over."""

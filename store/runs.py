@@ -41,11 +41,14 @@ def create_run(
     tools_digest: str | None = None,
     queue: str | None = None,
     started_by: str | None = None,
+    batch_id: str | None = None,
+    job_id: str | None = None,
 ) -> OutboxRow:
     """A queued run with its prompt; continues `conversation_id` if it names one.
 
     Its first turn goes to `queue` (its agent's), by default `relayq.turns`;
-    `started_by` names who asked (an approval may forbid them to approve it).
+    `started_by` names who asked (an approval may forbid them to approve it);
+    `batch_id` and `job_id` say which batch's job it is.
     """
     check_run_input(agent=agent, prompts=[prompt], conversation_id=conversation_id)
     now = utcnow()
@@ -58,6 +61,8 @@ def create_run(
             tools_digest=tools_digest,
             queue=queue,
             started_by=started_by,
+            batch_id=batch_id,
+            job_ids=None if job_id is None else [job_id],
         )[0]
     with db.write() as s:
         history = conversation(s, conv)
@@ -70,6 +75,8 @@ def create_run(
             start_seq=len(history),
             tools_digest=tools_digest,
             started_by=started_by,
+            batch_id=batch_id,
+            job_id=job_id,
             created_at=now,
             updated_at=now,
         )
@@ -87,10 +94,16 @@ def create_runs(
     tools_digest: str | None = None,
     queue: str | None = None,
     started_by: str | None = None,
+    batch_id: str | None = None,
+    job_ids: list[str] | None = None,
 ) -> list[OutboxRow]:
-    """Many queued runs, each a new conversation, in one transaction: `runs` is (id, prompt)."""
+    """Many queued runs, each a new conversation, in one transaction: `runs` is (id, prompt);
+    `job_ids`, if given, one per run (the jobs of batch `batch_id`)."""
     check_run_input(agent=agent, prompts=[prompt for _, prompt in runs])
+    if job_ids is not None and len(job_ids) != len(runs):
+        raise ValueError(f"{len(job_ids)} job ids for {len(runs)} runs")
     now = utcnow()
+    jobs: list[str | None] = list(job_ids) if job_ids is not None else [None] * len(runs)
     rows = [
         RunRow(
             id=run_id,
@@ -99,10 +112,12 @@ def create_runs(
             status="queued",
             tools_digest=tools_digest,
             started_by=started_by,
+            batch_id=batch_id,
+            job_id=job,
             created_at=now,
             updated_at=now,
         )
-        for run_id, _ in runs
+        for (run_id, _), job in zip(runs, jobs, strict=True)
     ]
     with db.transaction() as conn:
         conn.execute(sql.RUNS.insert(), [r.model_dump() for r in rows])

@@ -148,10 +148,13 @@ class DurableClient:
         *,
         conversation_id: str | None = None,
         started_by: str | None = None,
+        batch_id: str | None = None,
+        job_id: str | None = None,
     ) -> str:
         """Queue a run of `agent` on `prompt`; returns its id at once (in eager mode,
         once the run has settled). `started_by` names who asked, for the approvals
-        that forbid self-approval.
+        that forbid self-approval; `batch_id` and `job_id` which batch's job it is
+        (shown with its requests).
 
         UnstorableInput (InputTooLarge), with nothing written, for a prompt the
         store cannot keep: a NUL character, a lone surrogate, over the size limit.
@@ -172,14 +175,23 @@ class DurableClient:
             tools_digest=digest,
             queue=queue,
             started_by=started_by,
+            batch_id=batch_id,
+            job_id=job_id,
         )
         await self._publish([row])
         return run_id
 
     async def start_many(
-        self, agent: Agent | str, prompts: list[str], *, started_by: str | None = None
+        self,
+        agent: Agent | str,
+        prompts: list[str],
+        *,
+        started_by: str | None = None,
+        batch_id: str | None = None,
+        job_ids: list[str] | None = None,
     ) -> list[str]:
         """Queue one run per prompt, in one transaction; returns their ids in order.
+        `job_ids` (one per prompt) and `batch_id` record which batch's jobs they are.
 
         For batch jobs: far faster than `start` in a loop. One prompt the store
         cannot keep refuses the whole batch (UnstorableInput), nothing written.
@@ -195,6 +207,8 @@ class DurableClient:
             tools_digest=digest,
             queue=queue,
             started_by=started_by,
+            batch_id=batch_id,
+            job_ids=job_ids,
         )
         await self._publish(rows)
         return [run_id for run_id, _ in runs]

@@ -270,7 +270,7 @@ def slack_text(event: Event, public_url: str) -> str:
     """One readable line in Slack's mrkdwn, with a link to the request's page.
 
     "Request waiting: `refund` for agent `support`, run `run_1`
-    <http://127.0.0.1:8000/inbox/requests/req_1|open request>" (on one line)
+    <http://127.0.0.1:8000/requests/req_1|open request>" (on one line)
     """
     data = event.payload
     title = _TITLES.get(event.type, event.type)
@@ -282,7 +282,7 @@ def slack_text(event: Event, public_url: str) -> str:
         text += f", run `{_esc(event.run_id)}`"
     text += _detail(event.type, data)
     if event.request_id:
-        link = f"{public_url.rstrip('/')}/inbox/requests/{event.request_id}"
+        link = f"{public_url.rstrip('/')}/requests/{event.request_id}"
         text += f" <{_esc(link)}|open request>"
     return text
 

@@ -19,7 +19,15 @@ from typer.testing import CliRunner, Result
 
 from cli.main import app
 from relayq import RunResult
-from store import RequestQuery, get_request, list_requests, list_runs, query_requests, run_result
+from store import (
+    RequestQuery,
+    get_request,
+    get_run,
+    list_requests,
+    list_runs,
+    query_requests,
+    run_result,
+)
 from store.requests import StoredRequest
 from tests.processes import stop_group
 from tests.store.test_request_queries import listing_rows, seeded_requests
@@ -652,6 +660,14 @@ def test_a_batch_writes_results_in_input_order_and_a_rerun_starts_nothing(
     assert len({r["run_id"] for r in results}) == 3
     state = json.loads((tmp_path / "results.jsonl.runs").read_text())
     assert state["runs"] == {r["id"]: r["run_id"] for r in results}
+    # ... and each run knows its batch and its job
+    db = durable.db()
+    stored = {r["id"]: get_run(db, r["run_id"]) for r in results}
+    db.dispose()
+    assert state["batch"].startswith("batch_")
+    assert {job: (run.batch_id, run.job_id) for job, run in stored.items()} == {
+        job: (state["batch"], job) for job in ("a", "b", "c")
+    }
 
     # When the same command runs again, it starts nothing and writes the same results
     again = cli("batch", "recall", str(jobs_file), "-o", str(output), "--timeout", "40")

@@ -3,6 +3,7 @@ edits, declines, history, a run's page, bulk decisions; the API's and the CLI's 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from html import escape, unescape
@@ -10,6 +11,10 @@ from html import escape, unescape
 import pytest
 
 from api.app import create_app
+from store.models import utcnow
+from store.webhooks import Event
+from tasks import DurableClient
+from tasks.webhooks import slack_text
 
 from .conftest import Durable, Eventually
 from .desk import (
@@ -21,6 +26,7 @@ from .desk import (
     VAL,
     ids_of,
     inbox_session,
+    refund_prompt,
     start_refunds,
     waiting,
 )
@@ -232,6 +238,27 @@ async def test_a_request_page_shows_what_a_decision_needs_and_the_edit_is_applie
     assert [(d["actor"], d["via"], d["outcome"], d["diff"]) for d in trail] == [
         ("fay", "inbox", "edited", {"amount": [110, 55]})
     ]
+
+
+async def test_a_request_page_names_the_batch_and_job_its_run_belongs_to(
+    api: ApiServer, eventually: Eventually, tag: str
+):
+    # Given a refund started over the API as job 17 of a batch
+    body = {"agent": "desk", "prompt": refund_prompt(tag, 0), "batchId": "b-nov", "jobId": "17"}
+    async with api.http(SUE) as sue:
+        res = await sue.post("/api/runs", json=body)
+        refused = await sue.post("/api/runs", json={**body, "jobId": ""})
+    assert res.status_code == 201, res.text
+    assert refused.status_code == 422
+    (stored,) = await waiting(api, tag, 1, eventually)
+
+    # Then its request's page and its run's page say so
+    async with inbox_session(api, VAL) as (http, _):
+        page = (await http.get(f"/requests/{stored['request']['id']}")).text
+        run = (await http.get(f"/runs/{res.json()['id']}")).text
+    shown = "<tr><th>Batch</th><td><code>b-nov</code>, job <code>17</code></td></tr>"
+    assert shown in page
+    assert shown in run
 
 
 async def test_outside_its_groups_a_request_is_read_only_and_a_post_is_refused(
@@ -517,3 +544,62 @@ async def test_the_api_refuses_to_approve_a_relay_request_in_bulk(
         assert (
             await gil.post(f"/api/requests/{stored['request']['id']}/answer", json=answer)
         ).status_code == 200
+
+
+async def test_a_slack_messages_link_opens_the_requests_page_in_the_inbox(
+    api: ApiServer, durable: Durable, eventually: Eventually, tag: str
+):
+    await start_refunds(durable, tag, 1)
+    (stored,) = await waiting(api, tag, 1, eventually)
+    request_id = stored["request"]["id"]
+    event = Event(
+        id="evt_x",
+        type="request.opened",
+        run_id=stored["runId"],
+        request_id=request_id,
+        payload={"tool": "refund", "agent": "desk"},
+        created_at=utcnow(),
+    )
+    link = re.search(r"<([^|>]+)\|open request>", slack_text(event, api.url))
+    assert link is not None
+
+    async with inbox_session(api, FAY) as (http, _):
+        page = await http.get(link.group(1))
+    assert page.status_code == 200
+    assert f'data-request-id="{request_id}" data-status="open"' in page.text
+
+
+EVIL = '<script>alert(1)</script>" onmouseover="alert(2)" x="'
+
+
+async def test_every_page_escapes_what_the_model_and_the_prompt_wrote(
+    api: ApiServer, durable: Durable, eventually: Eventually, tag: str
+):
+    # Given a refund whose prompt, arguments and transcript all carry markup
+    async with DurableClient(settings=durable.settings) as client:
+        prompt = json.dumps({"order": EVIL, "amount": 5, "note": f"{tag} {EVIL}"})
+        run_id = await client.start("desk", prompt, started_by=EVIL)
+    (stored,) = await waiting(api, tag, 1, eventually)
+    request_id = stored["request"]["id"]
+
+    # When every page that shows it is rendered
+    async with inbox_session(api, FAY) as (http, csrf):
+        pages = [
+            (await http.get("/", params={"q": tag})).text,
+            (await http.get(f"/requests/{request_id}")).text,
+            (await http.get(f"/runs/{run_id}")).text,
+        ]
+        form = {"csrf_token": csrf, "action": "approve-selected", "ids": request_id, "q": tag}
+        pages.append((await http.post("/bulk/preview", data=form)).text)
+        await http.post(
+            f"/requests/{request_id}/decline", data={"csrf_token": csrf, "reason": EVIL}
+        )
+        await settled_run(api, run_id, eventually, token=VAL)
+        pages.append((await http.get("/history", params={"q": tag})).text)
+        pages.append((await http.get(f"/requests/{request_id}")).text)
+
+    # Then no markup of theirs survives anywhere, and every quote stays an entity
+    for html in pages:
+        assert "<script>alert" not in html
+        assert 'onmouseover="' not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html

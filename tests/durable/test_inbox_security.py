@@ -166,13 +166,20 @@ async def test_an_inbox_post_without_its_pages_csrf_token_is_403_and_changes_not
         }
 
         # When alice's browser posts each form with a token her page did not hold
+        posts = {
+            f"/requests/{request_id}/approve": {"output": "forged"},
+            f"/requests/{request_id}/decline": {"reason": "forged"},
+            f"/requests/{request_id}/edit": {"arg:q": "forged"},
+            "/bulk/preview": {"action": "decline-selected", "ids": request_id},
+            "/bulk": {"decision": "decline", "items": f"{request_id}:0", "reason": "forged"},
+        }
         for what, token in forged.items():
-            for action, field in (("approve", "output"), ("decline", "reason")):
-                form = {field: "forged"} | ({} if token is None else {"csrf_token": token})
-                res = await alice.post(f"/requests/{request_id}/{action}", data=form)
+            for path, fields in posts.items():
+                form = fields | ({} if token is None else {"csrf_token": token})
+                res = await alice.post(path, data=form)
 
                 # Then each is refused, saying why
-                assert res.status_code == 403, (what, action, res.text)
+                assert res.status_code == 403, (what, path, res.text)
                 assert res.json()["detail"] == CSRF_REFUSED
         logout = await alice.post("/logout")
         assert logout.status_code == 403

@@ -157,7 +157,7 @@ def test_the_slack_preset_is_one_line_with_a_link_to_the_requests_page():
 
     assert text == (
         "Request waiting: `refund` for agent `support`, run `run_1`"
-        " <https://relayq.example/inbox/requests/req_1|open request>"
+        " <https://relayq.example/requests/req_1|open request>"
     )
     assert "\n" not in text
     assert "agent `&lt;!channel&gt; &amp; co`" in escaped
@@ -182,7 +182,7 @@ def test_every_event_type_has_a_slack_line_and_a_run_event_has_no_request_link()
 
     assert line(failed) == "Run failed: `run` for agent `support`, run `run_1`: ModelError"
     assert line(decided).startswith("Request decided: `refund` for agent `support`, run `run_1`: ")
-    assert "approved by ann <http://x/inbox/requests/req_1|open request>" in line(decided)
+    assert "approved by ann <http://x/requests/req_1|open request>" in line(decided)
 
 
 # -- the sender on its own, against a real receiver -------------------------------------------
@@ -341,7 +341,7 @@ async def test_a_workers_webhooks_carry_a_runs_events_signed_and_as_slack_lines(
     [message] = slack
     assert message.headers["X-Relayq-Event-Type"] == "request.opened"
     text = message.json()["text"]
-    assert f"<https://relayq.example/inbox/requests/{request_id}|open request>" in text
+    assert f"<https://relayq.example/requests/{request_id}|open request>" in text
     assert "`lookup` for agent `lookup`" in text
 
 
