@@ -31,15 +31,13 @@ from api._errors import http_error
 from relayq import Answer, BulkRefused, ResumeError
 from relayq.approvals import approve, decline, edit
 from store import Decider, StoredRequest, decisions_of, list_decisions
+from store.answers import MAX_BULK
 from store.models import DecisionRow
 from tasks import DurableClient
 
-__all__ = ["MAX_BULK", "BulkBody", "DecisionBody", "DecisionOut", "decider_of", "router"]
+__all__ = ["BulkBody", "DecisionBody", "DecisionOut", "decider_of", "router"]
 
 router = APIRouter(prefix="/api")
-
-MAX_BULK = 10_000
-"""Requests one bulk decision may name."""
 
 
 class DecisionBody(BaseModel):

@@ -23,7 +23,7 @@ from fastapi.responses import Response
 from starlette.datastructures import FormData
 
 from api._answers import answer_request, approval, stored_request
-from api._approvals import MAX_BULK, decider_of
+from api._approvals import decider_of
 from api._auth import Principal
 from api._inbox import Answering, client_of, redirect_after, render
 from api._inbox_lists import Filters
@@ -32,6 +32,7 @@ from api._inbox_views import fields_of, item_of
 from relayq import Answer, BulkRefused, ResumeError
 from relayq.approvals import decline, edit
 from store import BadQuery, StoredRequest, all_requests, get_requests
+from store.answers import MAX_BULK
 
 __all__ = ["PREVIEW_SHOWN", "router"]
 

@@ -33,6 +33,7 @@ from relayq import Answer, BulkRefused
 from relayq.approvals import APPROVAL_KIND, approve, arguments_of, edit, is_approval
 from relayq.relay import relay_calls_of
 from store import Decider, Page, StoredRequest, list_decisions
+from store.answers import MAX_BULK
 from store.votes import proposed_arguments
 from tasks.client import DurableClient
 
@@ -209,6 +210,11 @@ def bulk(
     if not found.items:
         out.print("No open request matches; nothing to decide.")
         return
+    if len(found.items) > MAX_BULK:
+        fail(
+            f"{len(found.items)} open requests match; a bulk decision takes at most "
+            f"{MAX_BULK}: narrow the filters"
+        )
     _print_preview(out, found.items, decision)
     verb = "Approve" if approve_all else f"Decline (reason: {decline_reason})"
     if not yes and not typer.confirm(f"{verb} these {len(found.items)} requests?"):

@@ -171,8 +171,9 @@ class BulkRefused(ResumeError):
     `(request_id, why)` for each request that could not take it."""
 
     def __init__(self, refused: tuple[tuple[str, str], ...]) -> None:
-        ids = ", ".join(request_id for request_id, _ in refused)
-        super().__init__(f"nothing was decided: {len(refused)} request(s) refused it ({ids})")
+        ids = ", ".join(request_id for request_id, _ in refused[:5])
+        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+        super().__init__(f"nothing was decided: {len(refused)} request(s) refused it ({ids}{more})")
         self.args = (refused,)
         self.refused = refused
 

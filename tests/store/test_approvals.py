@@ -11,12 +11,14 @@ from sqlmodel import col, select
 
 from relayq import (
     AlreadyVoted,
+    Answer,
     AnswerMismatch,
     BuiltinsConfig,
     BulkRefused,
     InProcessResponse,
     NotAnApprover,
     RequestClosed,
+    ResumeError,
     Tool,
     ToolContext,
     Toolkit,
@@ -26,6 +28,7 @@ from relayq import (
 from relayq.approvals import EscalationStep, approve, decline, edit, requires_approval
 from relayq.relay import answer_output
 from store import Database, accept_answer, accept_many, apply_answer_of, get_run, sweep
+from store.answers import MAX_BULK
 from store.audit import Decider, decisions_of, list_decisions
 from store.models import EventRow, RequestRow, VoteRow, utcnow
 from tests.relayq.scripted import call, echo_tool_outputs
@@ -379,6 +382,28 @@ async def test_a_bulk_approval_decides_every_request_in_one_go(db: Database):
     assert [a.complete for a in accepted] == [True, True, True]
     assert [request_row(db, rid).outcome for rid in ids] == ["approved"] * 3
     assert len(outbox_rows(db, ANSWER_TASK)) == 3
+
+
+async def test_a_bulk_decision_names_at_most_so_many_requests_and_says_so(db: Database):
+    _, ids = await _three_halted(db)
+    before = snapshot(db)
+    too_many: list[tuple[Answer, int | None]] = [
+        (approve(ids[n % 3]), None) for n in range(MAX_BULK + 1)
+    ]
+
+    with pytest.raises(ResumeError, match=f"at most {MAX_BULK} requests \\(got {MAX_BULK + 1}\\)"):
+        accept_many(db, too_many, decider=ALICE)
+
+    assert snapshot(db) == before
+
+
+async def test_a_refused_bulk_decision_names_the_first_few_and_counts_the_rest():
+    refused = BulkRefused(tuple((f"req_{n}", "why") for n in range(8)))
+    assert str(refused) == (
+        "nothing was decided: 8 request(s) refused it "
+        "(req_0, req_1, req_2, req_3, req_4 and 3 more)"
+    )
+    assert len(refused.refused) == 8
 
 
 async def test_a_bulk_decision_is_all_or_nothing_and_names_what_was_decided_meanwhile(
