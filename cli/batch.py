@@ -91,10 +91,11 @@ def sidecar_of(output: Path) -> Path:
     return output.with_name(output.name + ".runs")
 
 
-def _load_sidecar(path: Path, agent: str) -> tuple[str, dict[str, str]]:
-    """The batch's id (a new one for a new batch) and the runs it started, by job id."""
+def _load_sidecar(path: Path, agent: str) -> tuple[str | None, dict[str, str]]:
+    """The batch's id (None for a new batch, or a state file older than batch records)
+    and the runs it started, by job id."""
     if not path.exists():
-        return new_id("batch"), {}
+        return None, {}
     try:
         state = json.loads(path.read_text())
         known = state["runs"]
@@ -107,9 +108,9 @@ def _load_sidecar(path: Path, agent: str) -> tuple[str, dict[str, str]]:
             f"{path} records a batch of agent {state.get('agent')!r}, not {agent!r}; "
             "use another output file or delete it to start over"
         )
-    batch_id = state.get("batch")  # a state file written before batches had ids has none
+    batch_id = state.get("batch")
     runs = {str(k): str(v) for k, v in known.items()}
-    return (batch_id if isinstance(batch_id, str) and batch_id else new_id("batch")), runs
+    return (batch_id if isinstance(batch_id, str) and batch_id else None), runs
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -142,6 +143,13 @@ def batch(
         float | None,
         typer.Option(help="Stop waiting after this many seconds; re-run to wait on."),
     ] = None,
+    restart_changed: Annotated[
+        bool,
+        typer.Option(
+            "--restart-changed",
+            help="Start anew the jobs whose prompt changed since their run started.",
+        ),
+    ] = False,
 ) -> None:
     """Run an agent once per job and write each job's outcome.
 
@@ -156,20 +164,25 @@ def batch(
     known_agent(agent, current)
     sidecar = sidecar_of(output)
     batch_id, runs = _load_sidecar(sidecar, agent)
+    legacy = bool(runs) and batch_id is None  # runs started before batches were records
+    if batch_id is None:
+        # Named before anything starts: a crash after starting finds the same batch again.
+        batch_id = new_id("batch")
+        _save_sidecar(sidecar, agent, batch_id, runs)
     err = Console(stderr=True, highlight=False)
 
     async def go(client: DurableClient) -> dict[str, RunRow]:
-        todo = [job for job in jobs if job.key not in runs]
-        if todo:
-            started = await client.start_many(
-                agent,
-                [job.prompt for job in todo],
-                batch_id=batch_id,
-                job_ids=[job.key for job in todo],
-            )
-            runs.update(zip((job.key for job in todo), started, strict=True))
-            _save_sidecar(sidecar, agent, batch_id, runs)
-        err.print(f"{len(jobs)} jobs: {len(todo)} started, {len(jobs) - len(todo)} already started")
+        todo = [job for job in jobs if not (legacy and job.key in runs)]
+        started = await client.start_batch(
+            agent,
+            [(job.key, job.prompt) for job in todo],
+            batch_id=batch_id,
+            restart_changed=restart_changed,
+        )
+        runs.update(started.runs)
+        _save_sidecar(sidecar, agent, batch_id, runs)
+        fresh, before = len(started.started), len(jobs) - len(started.started)
+        err.print(f"batch {batch_id}: {len(jobs)} jobs: {fresh} started, {before} already started")
         return await _watch(client.db, jobs, runs, output, timeout=timeout, err=err)
 
     states = run_with_client(go, current)
@@ -187,7 +200,9 @@ async def _watch(
 ) -> dict[str, RunRow]:
     """Poll the runs until all have finished or `timeout`; the results are written either way."""
     ids = [runs[job.key] for job in jobs]
-    deadline = None if timeout is None else time.monotonic() + timeout
+    started = time.monotonic()
+    next_line = started
+    deadline = None if timeout is None else started + timeout
     states: dict[str, RunRow] = {}
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -211,6 +226,10 @@ async def _watch(
                     pending=counts["pending"],
                     failed=counts["failed"],
                 )
+                if not err.is_terminal and time.monotonic() >= next_line:
+                    # No bar where nobody sees one redraw (a log, CI): a line now and then.
+                    next_line = time.monotonic() + _progress_every()
+                    err.print(_progress_line(counts, len(ids), started))
                 if counts["finished"] == len(ids):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -221,6 +240,24 @@ async def _watch(
         if states:
             _write_results(output, jobs, runs, states)
     return states
+
+
+def _progress_every() -> float:
+    """Seconds between progress lines when stderr is no terminal: RELAYQ_PROGRESS_SECONDS."""
+    try:
+        return max(float(os.environ.get("RELAYQ_PROGRESS_SECONDS", "10")), 0.1)
+    except ValueError:
+        fail("RELAYQ_PROGRESS_SECONDS must be a number of seconds")
+
+
+def _progress_line(counts: dict[str, int], total: int, started: float) -> str:
+    elapsed = time.monotonic() - started
+    rate = counts["finished"] / elapsed if elapsed > 0 else 0.0
+    return (
+        f"batch: {counts['finished']}/{total} finished (done {counts['done']}, "
+        f"pending {counts['pending']}, failed {counts['failed']}), "
+        f"{rate:.1f} runs/s, {elapsed:.0f} s"
+    )
 
 
 def _states(db: Database, ids: list[str]) -> dict[str, RunRow]:

@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from cli import approvals, batch, host, processes
+from cli import approvals, batch, batches, host, processes
 
 __all__ = ["app", "main"]
 
@@ -40,7 +40,19 @@ app.command()(processes.flower)
 app.command()(processes.demo)
 # Runs
 app.command()(host.run)
-app.command()(batch.batch)
+batch_app = typer.Typer(
+    cls=batches.BatchGroup,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Run an agent once per job (`relayq batch AGENT JOBS.jsonl -o OUT`), or look after a "
+    "batch: status, cancel, export.",
+)
+batch_app.command("start")(batch.batch)
+batch_app.command()(batches.status)
+batch_app.command()(batches.cancel)
+batch_app.command()(batches.export)
+app.add_typer(batch_app, name="batch")
+app.command()(batches.batches)
 app.command()(host.runs)
 app.command()(host.show)
 app.command()(host.cancel)

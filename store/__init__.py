@@ -6,6 +6,17 @@ Everything here is plain functions over a `Database`; nothing imports Celery.
 
 from store.answers import Accepted, accept_answer, accept_many, apply_answer_of, expire_requests
 from store.audit import Decider, decisions_of, list_decisions
+from store.batches import (
+    BatchStatus,
+    JobChanged,
+    Started,
+    UnknownBatch,
+    batch_results,
+    batch_status,
+    cancel_batch,
+    list_batches,
+    start_batch,
+)
 from store.db import Database, default_database_url
 from store.errors import StaleClaim, UnknownRun
 from store.ledger import ledger_get, ledger_put, ledger_start
@@ -13,6 +24,7 @@ from store.maintenance import Recovery, SweepReport, sweep
 from store.migrate import migrate
 from store.models import (
     FINISHED,
+    BatchRow,
     LedgerRow,
     MessageRow,
     OutboxRow,
@@ -54,6 +66,7 @@ __all__ = [
     "migrate",
     # tables
     "FINISHED",
+    "BatchRow",
     "LedgerRow",
     "MessageRow",
     "OutboxRow",
@@ -106,6 +119,16 @@ __all__ = [
     "list_decisions",
     "proposed_arguments",
     "votes_of",
+    # batches
+    "BatchStatus",
+    "JobChanged",
+    "Started",
+    "UnknownBatch",
+    "batch_results",
+    "batch_status",
+    "cancel_batch",
+    "list_batches",
+    "start_batch",
     # maintenance
     "Recovery",
     "SweepReport",

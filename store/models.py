@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, TypeDecorator
+from sqlalchemy import JSON, Column, DateTime, Index, TypeDecorator, text
 from sqlmodel import Field, SQLModel
 
 __all__ = [
@@ -63,6 +63,18 @@ def _json() -> Any:
 
 class RunRow(SQLModel, table=True):
     __tablename__ = "relayq_runs"
+    __table_args__ = (
+        # A batch's job has one current run: a rerun, or a crash between starting and
+        # recording, can never start it twice.
+        Index(
+            "ux_relayq_runs_batch_job",
+            "batch_id",
+            "job_id",
+            unique=True,
+            sqlite_where=text("replaced_by IS NULL"),
+            postgresql_where=text("replaced_by IS NULL"),
+        ),
+    )
 
     id: str = Field(primary_key=True)
     agent: str = Field(index=True)
@@ -86,6 +98,10 @@ class RunRow(SQLModel, table=True):
     """The batch the run is a job of, if any (`relayq batch`, or the host's own)."""
     job_id: str | None = None
     """The job's id within its batch, as the batch's input gave it."""
+    job_index: int | None = None
+    """Where the job sits in its batch's input, from 0: exports keep that order."""
+    replaced_by: str | None = None
+    """The run that took this job over when its batch was rerun with a changed prompt."""
     cancel_requested: bool = False
     claimed_by: str | None = None
     """The task id holding the current claim; a redelivery of that task may take it over."""
@@ -99,6 +115,21 @@ class RunRow(SQLModel, table=True):
     total_tokens: int = 0
     created_at: datetime = _time(nullable=False)
     updated_at: datetime = _time(index=True, nullable=False)
+
+
+class BatchRow(SQLModel, table=True):
+    """A batch: many runs of one agent, one per job, started and followed together."""
+
+    __tablename__ = "relayq_batches"
+
+    id: str = Field(primary_key=True)
+    agent: str = Field(index=True)
+    started_by: str | None = None
+    jobs: int = 0
+    """Jobs in the batch (a rerun may add some)."""
+    options: dict[str, Any] = _json()
+    created_at: datetime = _time(index=True, nullable=False)
+    cancelled_at: datetime | None = _time()
 
 
 class MessageRow(SQLModel, table=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Connection
 from sqlmodel import Session, col, select
 
 from relayq import ConversationBusy, ResumeError
@@ -102,8 +103,37 @@ def create_runs(
     check_run_input(agent=agent, prompts=[prompt for _, prompt in runs])
     if job_ids is not None and len(job_ids) != len(runs):
         raise ValueError(f"{len(job_ids)} job ids for {len(runs)} runs")
+    jobs = None if job_ids is None else list(enumerate(job_ids))
+    with db.transaction() as conn:
+        return insert_runs(
+            conn,
+            agent=agent,
+            runs=runs,
+            tools_digest=tools_digest,
+            queue=queue,
+            started_by=started_by,
+            batch_id=batch_id,
+            jobs=jobs,
+        )
+
+
+def insert_runs(
+    conn: Connection,
+    *,
+    agent: str,
+    runs: list[tuple[str, str]],
+    tools_digest: str | None,
+    queue: str | None,
+    started_by: str | None,
+    batch_id: str | None = None,
+    jobs: list[tuple[int, str]] | None = None,
+) -> list[OutboxRow]:
+    """Insert queued runs, their prompts and first turns' messages on `conn`; `jobs` is
+    (index, job id) per run, for a batch's."""
+    if not runs:
+        return []
     now = utcnow()
-    jobs: list[str | None] = list(job_ids) if job_ids is not None else [None] * len(runs)
+    placed: list[tuple[int | None, str | None]] = list(jobs) if jobs else [(None, None)] * len(runs)
     rows = [
         RunRow(
             id=run_id,
@@ -114,22 +144,22 @@ def create_runs(
             started_by=started_by,
             batch_id=batch_id,
             job_id=job,
+            job_index=index,
             created_at=now,
             updated_at=now,
         )
-        for (run_id, _), job in zip(runs, jobs, strict=True)
+        for (run_id, _), (index, job) in zip(runs, placed, strict=True)
     ]
-    with db.transaction() as conn:
-        conn.execute(sql.RUNS.insert(), [r.model_dump() for r in rows])
-        conn.execute(
-            sql.MESSAGES.insert(),
-            [
-                message_values(run_id, run_id, 0, tx.user_message(prompt, run_id))
-                for run_id, prompt in runs
-            ],
-        )
-        first = queue or TURN_QUEUE
-        return [enqueue_turn(conn, r.id, r.version, label=label_of(r), queue=first) for r in rows]
+    conn.execute(sql.RUNS.insert(), [r.model_dump() for r in rows])
+    conn.execute(
+        sql.MESSAGES.insert(),
+        [
+            message_values(run_id, run_id, 0, tx.user_message(prompt, run_id))
+            for run_id, prompt in runs
+        ],
+    )
+    first = queue or TURN_QUEUE
+    return [enqueue_turn(conn, r.id, r.version, label=label_of(r), queue=first) for r in rows]
 
 
 def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) -> None:

@@ -38,6 +38,7 @@ from store import (
     Page,
     RequestQuery,
     RunRow,
+    Started,
     StoredRequest,
     accept_answer,
     accept_many,
@@ -51,6 +52,7 @@ from store import (
     query_requests,
     run_result,
     settled,
+    start_batch,
 )
 from store.audit import Decider
 from store.paging import DEFAULT_PAGE
@@ -212,6 +214,42 @@ class DurableClient:
         )
         await self._publish(rows)
         return [run_id for run_id, _ in runs]
+
+    async def start_batch(
+        self,
+        agent: Agent | str,
+        jobs: Sequence[tuple[str, str]],
+        *,
+        batch_id: str | None = None,
+        started_by: str | None = None,
+        restart_changed: bool = False,
+        options: dict[str, Any] | None = None,
+    ) -> Started:
+        """Start the jobs (`(job id, prompt)`, in input order) of a batch that have no run
+        yet, in one transaction: a rerun starts only what is missing, never a job twice.
+
+        Returns every job's run. JobChanged, starting nothing, for a job whose prompt
+        changed since its run started (unless `restart_changed`: the old run is
+        cancelled and a new one takes the job); UnstorableInput for a prompt the
+        store cannot keep.
+        """
+        name, digest, queue = await self._agent(agent)
+        prompts = [prompt for _, prompt in jobs]
+        check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
+        started = await asyncio.to_thread(
+            start_batch,
+            self.db,
+            agent=name,
+            jobs=list(jobs),
+            batch_id=batch_id,
+            started_by=started_by,
+            options=options,
+            tools_digest=digest,
+            queue=queue,
+            restart_changed=restart_changed,
+        )
+        await self._publish(started.outbox)
+        return started
 
     async def _agent(self, agent: Agent | str) -> tuple[str, str | None, str | None]:
         """The agent's name, and when this process knows the agent, its tools' digest and

@@ -1,0 +1,147 @@
+"""`relayq batches` and `relayq batch status | cancel | export ID`: batches as the store keeps them.
+
+`relayq batch AGENT JOBS.jsonl -o OUT` (cli.batch) starts or resumes one; the
+group below sends every other first word to that command, so an agent may be
+called anything but `status`, `cancel` or `export`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from typer.core import TyperGroup
+
+from cli._common import console, run_with_client
+from store import BatchStatus, batch_results, batch_status, cancel_batch, list_batches
+from tasks.client import DurableClient
+
+__all__ = ["BatchGroup", "batches", "cancel", "export", "status", "status_of"]
+
+
+class BatchGroup(TyperGroup):
+    """`relayq batch AGENT ...` is `relayq batch start AGENT ...`."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:  # click vendored by typer
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["start", *args]
+        return super().resolve_command(ctx, args)
+
+
+def status_of(found: BatchStatus, now: datetime | None = None) -> dict[str, Any]:
+    """A batch as `--json` and the API show it."""
+    now = now or datetime.now(UTC)
+    batch = found.batch
+    rate, eta = found.rate(now), found.eta(now)
+    return {
+        "id": batch.id,
+        "agent": batch.agent,
+        "startedBy": batch.started_by,
+        "createdAt": batch.created_at.isoformat(),
+        "cancelledAt": None if batch.cancelled_at is None else batch.cancelled_at.isoformat(),
+        "jobs": batch.jobs,
+        "counts": found.counts,
+        "finished": found.finished,
+        "openRequests": found.open_requests,
+        "tokens": found.tokens,
+        "perMinute": None if rate is None else round(rate, 2),
+        "etaSeconds": None if eta is None else round(eta),
+        "finishedAt": None if found.finished_at is None else found.finished_at.isoformat(),
+    }
+
+
+def _load(work: Any) -> Any:
+    async def call(client: DurableClient) -> Any:
+        return await asyncio.to_thread(work, client.db)
+
+    return run_with_client(call)
+
+
+def batches(
+    agent: Annotated[str | None, typer.Option(help="Only this agent's batches.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="Batches to show.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
+) -> None:
+    """Batches, newest first, with where each stands."""
+    found: list[BatchStatus] = _load(lambda db: list_batches(db, agent=agent, limit=limit))
+    out = console()
+    if as_json:
+        out.print_json(json.dumps({"items": [status_of(b) for b in found]}))
+        return
+    table = Table("batch", "agent", "created", "jobs", "finished", "done", "failed", "waiting")
+    for b in found:
+        table.add_row(
+            b.batch.id,
+            b.batch.agent,
+            b.batch.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            str(b.total),
+            str(b.finished),
+            str(b.counts.get("done", 0)),
+            str(b.finished - b.counts.get("done", 0)),
+            str(b.open_requests),
+        )
+    out.print(table if found else "No batch yet.")
+
+
+def status(
+    batch_id: Annotated[str, typer.Argument(help="The batch's id (`relayq batches`).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
+) -> None:
+    """Where one batch stands: runs by status, open requests, tokens, rate and ETA."""
+    found = status_of(_load(lambda db: batch_status(db, batch_id)))
+    out = console()
+    if as_json:
+        out.print_json(json.dumps(found))
+        return
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(found["counts"].items())) or "no runs"
+    rate = "-" if found["perMinute"] is None else f"{found['perMinute']:g} runs/min"
+    eta = "-" if found["etaSeconds"] is None else f"{found['etaSeconds']} s"
+    out.print(f"batch {found['id']} of agent {found['agent']}, created {found['createdAt']}")
+    out.print(f"{found['jobs']} jobs: {counts}")
+    out.print(f"{found['openRequests']} open requests; {found['tokens']} tokens")
+    out.print(f"rate {rate}; eta {eta}")
+    if found["cancelledAt"]:
+        out.print(f"cancelled at {found['cancelledAt']}")
+
+
+def cancel(
+    batch_id: Annotated[str, typer.Argument(help="The batch's id (`relayq batches`).")],
+) -> None:
+    """Cancel every unfinished run of the batch (running ones stop at their next step)."""
+    asked = _load(lambda db: cancel_batch(db, batch_id))
+    done = ", ".join(f"{n} {s}" for s, n in sorted(asked.items())) or "none unfinished"
+    console().print(f"batch {batch_id}: cancelled {sum(asked.values())} runs ({done})")
+
+
+def export(
+    batch_id: Annotated[str, typer.Argument(help="The batch's id (`relayq batches`).")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
+) -> None:
+    """The batch's results as JSON lines in the input's order: {id, run_id, status, text, error}."""
+    rows = _load(lambda db: batch_results(db, batch_id))
+    lines = [
+        json.dumps(
+            {
+                "id": r.job_id,
+                "run_id": r.id,
+                "status": r.status,
+                "text": r.text or "",
+                "error": r.error,
+            },
+            ensure_ascii=False,
+        )
+        for r in rows
+    ]
+    text = "".join(f"{line}\n" for line in lines)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)

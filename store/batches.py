@@ -1,0 +1,337 @@
+"""Batches: many runs of one agent, one per job, started together and followed as one.
+
+Starting a batch's jobs and recording which run does which job is one
+transaction, and a unique index holds one current run per (batch, job): a
+rerun, two racing starters, or a crash between starting and recording can
+never start a job twice. A rerun whose prompt for a job changed is refused,
+naming the job, unless asked to start it anew: then the old run is cancelled
+and marked replaced, and a new one takes the job.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from relayq import RelayqError
+from relayq._types import new_id
+from relayq.limits import check_run_input
+from store.db import Database
+from store.models import (
+    FINISHED,
+    BatchRow,
+    MessageRow,
+    OutboxRow,
+    RequestRow,
+    RunRow,
+    utcnow,
+)
+from store.runs import cancel_locked, insert_runs
+
+__all__ = [
+    "BatchStatus",
+    "JobChanged",
+    "Started",
+    "UnknownBatch",
+    "batch_results",
+    "batch_status",
+    "cancel_batch",
+    "list_batches",
+    "start_batch",
+]
+
+
+class UnknownBatch(RelayqError):
+    """No batch has this id."""
+
+    def __init__(self, batch_id: str) -> None:
+        super().__init__(batch_id)
+        self.batch_id = batch_id
+
+    def __str__(self) -> str:
+        return f"unknown batch id {self.batch_id!r}"
+
+
+class JobChanged(RelayqError):
+    """A rerun gives jobs a prompt other than the one their runs started with (or the
+    batch is another agent's); nothing was started."""
+
+    def __init__(self, batch_id: str, jobs: list[str], message: str | None = None) -> None:
+        super().__init__(batch_id, jobs)
+        self.batch_id = batch_id
+        self.jobs = jobs
+        shown = ", ".join(repr(j) for j in jobs[:5]) + (" ..." if len(jobs) > 5 else "")
+        self.message = message or (
+            f"batch {batch_id}: job(s) {shown} already ran with another prompt; "
+            "nothing was started. Restore the prompt, or ask to start changed jobs anew"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True, kw_only=True)
+class Started:
+    """What starting a batch's jobs did."""
+
+    batch_id: str
+    runs: dict[str, str]
+    """Every job's current run, by job id, in the input's order."""
+    started: list[str]
+    """The jobs started now (new ones, and changed ones started anew)."""
+    outbox: list[OutboxRow] = field(default_factory=list)
+
+
+def start_batch(
+    db: Database,
+    *,
+    agent: str,
+    jobs: list[tuple[str, str]],
+    batch_id: str | None = None,
+    started_by: str | None = None,
+    options: dict[str, Any] | None = None,
+    tools_digest: str | None = None,
+    queue: str | None = None,
+    restart_changed: bool = False,
+) -> Started:
+    """Start the jobs (`(job id, prompt)`, in input order) of batch `batch_id` (a new
+    batch if None or unknown) that have no run yet; the others keep theirs.
+
+    JobChanged, starting nothing, for a job whose prompt changed since its run
+    started, unless `restart_changed`; or for a batch of another agent.
+    """
+    check_run_input(agent=agent, prompts=[prompt for _, prompt in jobs])
+    ids = [job for job, _ in jobs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a batch names each job once")
+    batch_id = batch_id or new_id("batch")
+    for attempt in range(3):
+        try:
+            return _start(
+                db, agent, jobs, batch_id, started_by, options, tools_digest, queue, restart_changed
+            )
+        except IntegrityError:
+            # Another starter of the same new batch won the race to create it (or a
+            # job's run): now the batch row exists and its lock puts us in line.
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start(
+    db: Database,
+    agent: str,
+    jobs: list[tuple[str, str]],
+    batch_id: str,
+    started_by: str | None,
+    options: dict[str, Any] | None,
+    tools_digest: str | None,
+    queue: str | None,
+    restart_changed: bool,
+) -> Started:
+    ids = [job for job, _ in jobs]
+    now = utcnow()
+    with db.write() as s:
+        batch = s.get(BatchRow, batch_id, with_for_update=True)
+        if batch is None:
+            batch = BatchRow(
+                id=batch_id,
+                agent=agent,
+                started_by=started_by,
+                options=options or {},
+                created_at=now,
+            )
+            s.add(batch)
+        elif batch.agent != agent:
+            message = (
+                f"batch {batch_id} runs agent {batch.agent!r}, not {agent!r}; nothing was started"
+            )
+            raise JobChanged(batch_id, [], message)
+        current = _current_runs(s, batch_id)
+        changed = [job for job, prompt in jobs if job in current and current[job][1] != prompt]
+        if changed and not restart_changed:
+            raise JobChanged(batch_id, changed)
+        todo = [
+            (n, job, prompt)
+            for n, (job, prompt) in enumerate(jobs)
+            if job not in current or job in changed
+        ]
+        runs = [(new_id("run"), prompt) for _, _, prompt in todo]
+        for (_, job, _), (run_id, _) in zip(todo, runs, strict=True):
+            if job in changed:
+                _replace(s, current[job][0], run_id, now)
+        s.flush()
+        outbox = insert_runs(
+            s.connection(),
+            agent=agent,
+            runs=runs,
+            tools_digest=tools_digest,
+            queue=queue,
+            started_by=started_by,
+            batch_id=batch_id,
+            jobs=[(n, job) for n, job, _ in todo],
+        )
+        batch.jobs = len(set(current) | set(ids))
+        started = {job: run_id for (_, job, _), (run_id, _) in zip(todo, runs, strict=True)}
+    mapping = {job: started.get(job) or current[job][0] for job in ids}
+    return Started(batch_id=batch_id, runs=mapping, started=list(started), outbox=outbox)
+
+
+def _current_runs(s: Session, batch_id: str) -> dict[str, tuple[str, str]]:
+    """Each job's current run and the prompt it started with."""
+    prompt = and_(
+        col(MessageRow.conversation_id) == col(RunRow.conversation_id),
+        col(MessageRow.seq) == col(RunRow.start_seq),
+    )
+    rows = s.exec(
+        select(RunRow.job_id, RunRow.id, MessageRow.body)
+        .join(MessageRow, prompt)
+        .where(RunRow.batch_id == batch_id, col(RunRow.replaced_by).is_(None))
+    ).all()
+    return {str(job): (run_id, str((body or {}).get("content"))) for job, run_id, body in rows}
+
+
+def _replace(s: Session, run_id: str, by: str, now: datetime) -> None:
+    run = s.get(RunRow, run_id, with_for_update=True)
+    assert run is not None
+    if run.status not in FINISHED:
+        run.cancel_requested = True
+        if run.status in ("queued", "pending"):
+            cancel_locked(s, run, now)
+    run.replaced_by = by
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchStatus:
+    """Where a batch stands."""
+
+    batch: BatchRow
+    counts: dict[str, int]
+    """Current runs by status."""
+    open_requests: int
+    tokens: int
+    finished_at: datetime | None
+    """When the last of its runs finished, once all have."""
+    last_change: datetime | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def finished(self) -> int:
+        return sum(n for status, n in self.counts.items() if status in FINISHED)
+
+    def rate(self, now: datetime) -> float | None:
+        """Runs finished per minute since the batch was created."""
+        minutes = ((self.finished_at or now) - self.batch.created_at).total_seconds() / 60
+        return self.finished / minutes if minutes > 0 and self.finished else None
+
+    def eta(self, now: datetime) -> float | None:
+        """Seconds until every run is finished, at the rate so far (None: unknown)."""
+        rate = self.rate(now)
+        left = self.total - self.finished
+        if left == 0:
+            return 0.0
+        return None if not rate else left / rate * 60
+
+
+def batch_status(db: Database, batch_id: str) -> BatchStatus:
+    with db.snapshot() as s:
+        batch = s.get(BatchRow, batch_id)
+        if batch is None:
+            raise UnknownBatch(batch_id)
+        return _status(s, batch)
+
+
+def _status(s: Session, batch: BatchRow) -> BatchStatus:
+    current = (RunRow.batch_id == batch.id, col(RunRow.replaced_by).is_(None))
+    counts = dict(
+        s.exec(select(RunRow.status, func.count()).where(*current).group_by(RunRow.status)).all()
+    )
+    tokens, last = s.exec(
+        select(func.coalesce(func.sum(RunRow.total_tokens), 0), func.max(RunRow.updated_at)).where(
+            *current
+        )
+    ).one()
+    waiting = s.exec(
+        select(func.count())
+        .select_from(RequestRow)
+        .join(RunRow, col(RunRow.id) == RequestRow.run_id)
+        .where(*current, RequestRow.status == "open")
+    ).one()
+    done = all(status in FINISHED for status in counts) and bool(counts)
+    return BatchStatus(
+        batch=batch,
+        counts={str(k): int(v) for k, v in counts.items()},
+        open_requests=int(waiting),
+        tokens=int(tokens or 0),
+        finished_at=last if done else None,
+        last_change=last,
+    )
+
+
+def list_batches(
+    db: Database, *, agent: str | None = None, limit: int = 50, before: str | None = None
+) -> list[BatchStatus]:
+    """Batches, newest first, with where each stands; `before`: a batch id of the page before."""
+    query = select(BatchRow).order_by(col(BatchRow.created_at).desc(), col(BatchRow.id).desc())
+    if agent is not None:
+        query = query.where(BatchRow.agent == agent)
+    with db.snapshot() as s:
+        if before is not None:
+            after = s.get(BatchRow, before)
+            if after is None:
+                raise UnknownBatch(before)
+            query = query.where(
+                (col(BatchRow.created_at) < after.created_at)
+                | ((col(BatchRow.created_at) == after.created_at) & (col(BatchRow.id) < after.id))
+            )
+        return [_status(s, batch) for batch in s.exec(query.limit(limit))]
+
+
+def cancel_batch(db: Database, batch_id: str) -> Counter[str]:
+    """Ask every unfinished run of the batch to stop; how many were in each status."""
+    now = utcnow()
+    with db.write() as s:
+        batch = s.get(BatchRow, batch_id, with_for_update=True)
+        if batch is None:
+            raise UnknownBatch(batch_id)
+        batch.cancelled_at = batch.cancelled_at or now
+        runs = s.exec(
+            select(RunRow)
+            .where(
+                RunRow.batch_id == batch_id,
+                col(RunRow.replaced_by).is_(None),
+                col(RunRow.status).not_in(FINISHED),
+            )
+            .order_by(col(RunRow.id))
+            .with_for_update()
+        ).all()
+        asked: Counter[str] = Counter()
+        for run in runs:
+            asked[run.status] += 1
+            run.cancel_requested = True
+            run.updated_at = now
+            if run.status in ("queued", "pending"):
+                cancel_locked(s, run, now)
+        return asked
+
+
+def batch_results(db: Database, batch_id: str) -> list[RunRow]:
+    """The batch's current runs in the input's order (by job index)."""
+    with db.read() as s:
+        if s.get(BatchRow, batch_id) is None:
+            raise UnknownBatch(batch_id)
+        query = (
+            select(RunRow)
+            .where(RunRow.batch_id == batch_id, col(RunRow.replaced_by).is_(None))
+            .order_by(col(RunRow.job_index), col(RunRow.id))
+        )
+        return list(s.exec(query))

@@ -1,0 +1,217 @@
+"""Batches as records: a job never starts twice, a changed prompt is named, status, cancel,
+export; through the CLI, real workers behind it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+from typer.testing import CliRunner, Result
+
+from cli.main import app
+from store import (
+    Database,
+    JobChanged,
+    RunRow,
+    batch_results,
+    batch_status,
+    cancel_batch,
+    start_batch,
+)
+from store.models import FINISHED
+
+from .conftest import Durable
+from .desk import refund_prompt
+from .test_cli import cli, one_error_line, read_results, settle, write_jobs
+
+__all__ = ["cli"]  # the fixture, shared with test_cli
+
+
+def jobs_file(tmp_path: Path, tag: str, n: int = 3) -> Path:
+    return write_jobs(
+        tmp_path / "jobs.jsonl", [{"id": f"j{i}", "prompt": f"{tag} {i}"} for i in range(n)]
+    )
+
+
+def runs_of(durable: Durable, batch_id: str) -> list[RunRow]:
+    db = durable.db()
+    try:
+        return batch_results(db, batch_id)
+    finally:
+        db.dispose()
+
+
+def test_a_batch_is_a_record_with_status_and_an_export_in_input_order(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path
+):
+    # Given a batch of three jobs, run to the end
+    tag = uuid.uuid4().hex
+    output = tmp_path / "out.jsonl"
+    done = cli("batch", "recall", str(jobs_file(tmp_path, tag)), "-o", str(output))
+    assert done.exit_code == 0, done.output
+    batch_id = json.loads((tmp_path / "out.jsonl.runs").read_text())["batch"]
+
+    # When its status, the list of batches and its export are asked for
+    status = cli("batch", "status", batch_id, "--json")
+    listed = cli("batches", "--agent", "recall", "--json")
+    exported = cli("batch", "export", batch_id)
+
+    # Then the store knows it: three jobs, all done, in the input's order
+    assert status.exit_code == 0, status.output
+    found = json.loads(status.stdout)
+    assert (found["agent"], found["jobs"], found["counts"], found["finished"]) == (
+        "recall",
+        3,
+        {"done": 3},
+        3,
+    )
+    assert found["etaSeconds"] == 0
+    assert batch_id in [b["id"] for b in json.loads(listed.stdout)["items"]]
+    lines = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert [line["id"] for line in lines] == ["j0", "j1", "j2"]
+    assert lines == [{**r, "id": str(r["id"])} for r in read_results(output)]
+
+
+def test_a_rerun_with_a_changed_prompt_names_the_job_unless_asked_to_start_it_anew(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path
+):
+    tag = uuid.uuid4().hex
+    jobs, output = jobs_file(tmp_path, tag), tmp_path / "out.jsonl"
+    assert cli("batch", "recall", str(jobs), "-o", str(output)).exit_code == 0
+    batch_id = json.loads((tmp_path / "out.jsonl.runs").read_text())["batch"]
+    first = {r.job_id: r.id for r in runs_of(durable, batch_id)}
+
+    # When job j1's prompt changes and the batch runs again
+    write_jobs(
+        jobs, [{"id": f"j{i}", "prompt": f"{tag} {i}{'!' if i == 1 else ''}"} for i in range(3)]
+    )
+    refused = cli("batch", "recall", str(jobs), "-o", str(output))
+
+    # Then it is refused, naming the job, and nothing started
+    assert "job(s) 'j1' already ran with another prompt" in one_error_line(refused)
+    assert {r.job_id: r.id for r in runs_of(durable, batch_id)} == first
+
+    # When it is asked to start changed jobs anew
+    again = cli("batch", "recall", str(jobs), "-o", str(output), "--restart-changed")
+
+    # Then j1 alone has a new run, with the new prompt; the old one is kept, replaced
+    assert again.exit_code == 0, again.output
+    assert "1 started, 2 already started" in again.stderr
+    now = {r.job_id: r for r in runs_of(durable, batch_id)}
+    assert {j: r.id for j, r in now.items() if j != "j1"} == {"j0": first["j0"], "j2": first["j2"]}
+    assert now["j1"].id != first["j1"]
+    assert now["j1"].text == f"{tag} 1!"
+    db = durable.db()
+    with db.read() as s:
+        old = s.get(RunRow, first["j1"])
+    db.dispose()
+    assert old is not None
+    assert old.replaced_by == now["j1"].id
+
+
+def test_racing_starters_of_one_batch_start_each_job_once(durable: Durable):
+    # Given eight processes' worth of starters, racing to start the same new batch
+    db = Database(durable.settings.database_url)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    jobs = [(f"j{i}", f"race {batch_id} {i}") for i in range(20)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            start_batch(db, agent="recall", jobs=jobs, batch_id=batch_id, started_by="ci")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    # Then none failed, and each job has exactly one run
+    assert errors == []
+    runs = batch_results(db, batch_id)
+    assert sorted(r.job_id or "" for r in runs) == sorted(j for j, _ in jobs)
+    with db.read() as s:
+        every = s.exec(select(RunRow).where(RunRow.batch_id == batch_id)).all()
+    assert len(every) == 20
+    db.dispose()
+
+
+def test_a_batch_of_another_agent_is_refused(durable: Durable):
+    db = Database(durable.settings.database_url)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    start_batch(db, agent="recall", jobs=[("a", "x")], batch_id=batch_id)
+    with pytest.raises(JobChanged, match="runs agent 'recall', not 'desk'"):
+        start_batch(db, agent="desk", jobs=[("b", "y")], batch_id=batch_id)
+    db.dispose()
+
+
+def test_cancelling_a_batch_cancels_its_waiting_runs_and_closes_their_requests(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path
+):
+    # Given a batch of refunds, each waiting on an approval
+    tag = uuid.uuid4().hex
+    jobs = write_jobs(
+        tmp_path / "jobs.jsonl", [{"id": i, "prompt": refund_prompt(tag, i)} for i in range(4)]
+    )
+    output = tmp_path / "out.jsonl"
+    waiting = cli("batch", "desk", str(jobs), "-o", str(output), "--timeout", "3")
+    assert waiting.exit_code == 1, waiting.output
+    batch_id = json.loads((tmp_path / "out.jsonl.runs").read_text())["batch"]
+    status = json.loads(cli("batch", "status", batch_id, "--json").stdout)
+    assert (status["counts"], status["openRequests"]) == ({"pending": 4}, 4)
+
+    # When the batch is cancelled
+    cancelled = cli("batch", "cancel", batch_id)
+
+    # Then every run is cancelled, and no request is left open
+    assert cancelled.exit_code == 0, cancelled.output
+    assert f"batch {batch_id}: cancelled 4 runs (4 pending)" in cancelled.stdout
+    for run in runs_of(durable, batch_id):
+        assert settle(durable, run.id, "cancelled").status == "cancelled"
+    db = durable.db()
+    after = batch_status(db, batch_id)
+    db.dispose()
+    assert (after.counts, after.open_requests) == ({"cancelled": 4}, 0)
+    assert after.batch.cancelled_at is not None
+    assert all(s in FINISHED for s in after.counts)
+
+
+def test_an_unknown_batch_is_one_line(cli: Callable[..., Result]):
+    for command in (["status"], ["cancel"], ["export"]):
+        assert "unknown batch id 'batch_nope'" in one_error_line(
+            cli("batch", *command, "batch_nope")
+        )
+
+
+def test_a_batch_whose_output_is_no_terminal_prints_progress_lines(
+    durable: Durable, tmp_path: Path
+):
+    # Given stderr is a pipe (a log, CI), and lines are asked for often
+    runner = CliRunner()
+    env = {**durable.env, "RELAYQ_PROGRESS_SECONDS": "0.1"}
+    tag = uuid.uuid4().hex
+    jobs = write_jobs(
+        tmp_path / "jobs.jsonl", [{"id": i, "prompt": refund_prompt(tag, i)} for i in range(2)]
+    )
+
+    # When a batch waits on its runs for a while
+    args = ["batch", "desk", str(jobs), "-o", str(tmp_path / "out.jsonl"), "--timeout", "2"]
+    result = runner.invoke(app, args, env=env, catch_exceptions=False)
+
+    # Then it said where it stood, more than once, in lines a log keeps
+    lines = [line for line in result.stderr.splitlines() if line.startswith("batch: ")]
+    assert len(lines) >= 2, result.stderr
+    assert lines[-1].startswith("batch: 0/2 finished (done 0, pending 2, failed 0)")
+    batch_id = json.loads((tmp_path / "out.jsonl.runs").read_text())["batch"]
+    db = durable.db()
+    cancel_batch(db, batch_id)  # leave nothing open behind
+    db.dispose()
