@@ -25,7 +25,7 @@ from relayq import (
     UnknownRequest,
     UnstorableInput,
 )
-from store import UnknownRun
+from store import JobChanged, UnknownBatch, UnknownRun
 from store.paging import BadQuery
 
 __all__ = ["http_error", "refused", "status_of"]
@@ -34,6 +34,8 @@ __all__ = ["http_error", "refused", "status_of"]
 _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
     (UnknownRequest, 404),
     (UnknownRun, 404),
+    (UnknownBatch, 404),
+    (JobChanged, 409),
     (UnknownAgent, 404),
     (NotAnApprover, 403),
     (RequestClosed, 409),

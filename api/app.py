@@ -8,13 +8,15 @@
 | | `/docs`, `/openapi.json` |
 | read (any role) | `GET /api/runs`, `GET /api/runs/{id}`, `GET /api/requests`, |
 | | `GET /api/requests/{id}`, `GET /api/requests/{id}/decisions`, `GET /api/audit`, |
-| | `GET /api/events`; the inbox's `GET /`, `GET /history`, `GET /requests/{id}`, |
+| | `GET /api/events`, `GET /api/batches`, `GET /api/batches/{id}`, |
+| | `GET /api/batches/{id}/results`; the inbox's `GET /`, `GET /history`, `GET /requests/{id}`, |
 | | `GET /runs/{id}`, `GET /events`, `POST /logout` |
 | answer (`approver`) | `POST /api/requests/{id}/answer`, `POST /api/requests/{id}/decision`, |
 | | `POST /api/requests/decisions`; the inbox's `POST /requests/{id}/approve`, |
 | | `POST /requests/{id}/edit`, `POST /requests/{id}/decline`, `POST /bulk/preview`, |
 | | `POST /bulk` |
-| submit (`submitter`) | `POST /api/runs`, `POST /api/runs/{id}/cancel` |
+| submit (`submitter`) | `POST /api/runs`, `POST /api/runs/{id}/cancel`, `POST /api/batches`, |
+| | `POST /api/batches/{id}/cancel` |
 
 `/api/...` takes a bearer token only; the inbox's routes take its cookie only,
 and its form posts a CSRF token as well (`api._security`). Every response
@@ -36,6 +38,7 @@ from fastapi.staticfiles import StaticFiles
 from api._access import install as hide_secrets_from_access_log
 from api._approvals import router as approvals_router
 from api._auth import Tokens
+from api._batches import router as batches_router
 from api._errors import refused
 from api._inbox import router as inbox_router
 from api._inbox_forms import router as inbox_forms_router
@@ -97,6 +100,7 @@ def create_app(
     app.add_exception_handler(RelayqError, refused)
     app.include_router(api_router)
     app.include_router(approvals_router)
+    app.include_router(batches_router)
     app.include_router(inbox_router)
     app.include_router(inbox_lists_router)
     app.include_router(inbox_pages_router)

@@ -23,7 +23,7 @@ from sqlmodel import col, select
 
 from cli._common import fail, known_agent, run_with_client, settings
 from relayq._types import new_id
-from store import FINISHED, Database, RunRow
+from store import FINISHED, Database, RunRow, result_of
 from tasks.client import DurableClient
 
 __all__ = ["Job", "batch", "read_jobs", "sidecar_of"]
@@ -291,14 +291,7 @@ def _write_results(
 ) -> None:
     lines = []
     for job in jobs:
-        row = states[runs[job.key]]
-        result = {
-            "id": job.id,
-            "run_id": row.id,
-            "status": row.status,
-            "text": row.text or "",
-            "error": row.error,
-        }
+        result = result_of(states[runs[job.key]], job.id)  # the id as the input gave it
         lines.append(json.dumps(result, ensure_ascii=False))
     _write_atomically(output, "\n".join(lines) + "\n")
 

@@ -19,7 +19,14 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from cli._common import console, run_with_client
-from store import BatchStatus, batch_results, batch_status, cancel_batch, list_batches
+from store import (
+    BatchStatus,
+    batch_results,
+    batch_status,
+    cancel_batch,
+    list_batches,
+    result_of,
+)
 from tasks.client import DurableClient
 
 __all__ = ["BatchGroup", "batches", "cancel", "export", "status", "status_of"]
@@ -34,26 +41,8 @@ class BatchGroup(TyperGroup):
         return super().resolve_command(ctx, args)
 
 
-def status_of(found: BatchStatus, now: datetime | None = None) -> dict[str, Any]:
-    """A batch as `--json` and the API show it."""
-    now = now or datetime.now(UTC)
-    batch = found.batch
-    rate, eta = found.rate(now), found.eta(now)
-    return {
-        "id": batch.id,
-        "agent": batch.agent,
-        "startedBy": batch.started_by,
-        "createdAt": batch.created_at.isoformat(),
-        "cancelledAt": None if batch.cancelled_at is None else batch.cancelled_at.isoformat(),
-        "jobs": batch.jobs,
-        "counts": found.counts,
-        "finished": found.finished,
-        "openRequests": found.open_requests,
-        "tokens": found.tokens,
-        "perMinute": None if rate is None else round(rate, 2),
-        "etaSeconds": None if eta is None else round(eta),
-        "finishedAt": None if found.finished_at is None else found.finished_at.isoformat(),
-    }
+def status_of(found: BatchStatus) -> dict[str, Any]:
+    return found.to_wire(datetime.now(UTC))
 
 
 def _load(work: Any) -> Any:
@@ -127,19 +116,7 @@ def export(
 ) -> None:
     """The batch's results as JSON lines in the input's order: {id, run_id, status, text, error}."""
     rows = _load(lambda db: batch_results(db, batch_id))
-    lines = [
-        json.dumps(
-            {
-                "id": r.job_id,
-                "run_id": r.id,
-                "status": r.status,
-                "text": r.text or "",
-                "error": r.error,
-            },
-            ensure_ascii=False,
-        )
-        for r in rows
-    ]
+    lines = [json.dumps(result_of(r), ensure_ascii=False) for r in rows]
     text = "".join(f"{line}\n" for line in lines)
     if output is None:
         sys.stdout.write(text)

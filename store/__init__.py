@@ -15,6 +15,7 @@ from store.batches import (
     batch_status,
     cancel_batch,
     list_batches,
+    result_of,
     start_batch,
 )
 from store.db import Database, default_database_url
@@ -128,6 +129,7 @@ __all__ = [
     "batch_status",
     "cancel_batch",
     "list_batches",
+    "result_of",
     "start_batch",
     # maintenance
     "Recovery",

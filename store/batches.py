@@ -43,6 +43,7 @@ __all__ = [
     "batch_status",
     "cancel_batch",
     "list_batches",
+    "result_of",
     "start_batch",
 ]
 
@@ -228,6 +229,25 @@ class BatchStatus:
     def finished(self) -> int:
         return sum(n for status, n in self.counts.items() if status in FINISHED)
 
+    def to_wire(self, now: datetime) -> dict[str, Any]:
+        """The batch as the API and `--json` show it."""
+        batch, rate, eta = self.batch, self.rate(now), self.eta(now)
+        return {
+            "id": batch.id,
+            "agent": batch.agent,
+            "startedBy": batch.started_by,
+            "createdAt": batch.created_at.isoformat(),
+            "cancelledAt": None if batch.cancelled_at is None else batch.cancelled_at.isoformat(),
+            "jobs": batch.jobs,
+            "counts": self.counts,
+            "finished": self.finished,
+            "openRequests": self.open_requests,
+            "tokens": self.tokens,
+            "perMinute": None if rate is None else round(rate, 2),
+            "etaSeconds": None if eta is None else round(eta),
+            "finishedAt": None if self.finished_at is None else self.finished_at.isoformat(),
+        }
+
     def rate(self, now: datetime) -> float | None:
         """Runs finished per minute since the batch was created."""
         minutes = ((self.finished_at or now) - self.batch.created_at).total_seconds() / 60
@@ -322,6 +342,18 @@ def cancel_batch(db: Database, batch_id: str) -> Counter[str]:
             if run.status in ("queued", "pending"):
                 cancel_locked(s, run, now)
         return asked
+
+
+def result_of(run: RunRow, job_id: Any = None) -> dict[str, Any]:
+    """A job's outcome as a results line holds it: {id, run_id, status, text, error}."""
+    job = run.job_id if job_id is None else job_id
+    return {
+        "id": job,
+        "run_id": run.id,
+        "status": run.status,
+        "text": run.text or "",
+        "error": run.error,
+    }
 
 
 def batch_results(db: Database, batch_id: str) -> list[RunRow]:

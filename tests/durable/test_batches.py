@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlmodel import select
 from typer.testing import CliRunner, Result
 
+from api.app import create_app
 from cli.main import app
 from store import (
     Database,
@@ -25,8 +27,9 @@ from store import (
 )
 from store.models import FINISHED
 
-from .conftest import Durable
+from .conftest import Durable, Eventually
 from .desk import refund_prompt
+from .test_api import SUBMITTER, TOKENS, VIEWER, ApiServer, serve_in_thread
 from .test_cli import cli, one_error_line, read_results, settle, write_jobs
 
 __all__ = ["cli"]  # the fixture, shared with test_cli
@@ -215,3 +218,55 @@ def test_a_batch_whose_output_is_no_terminal_prints_progress_lines(
     db = durable.db()
     cancel_batch(db, batch_id)  # leave nothing open behind
     db.dispose()
+
+
+# --- over HTTP -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def api(durable: Durable) -> Iterator[ApiServer]:
+    yield from serve_in_thread(create_app(durable.settings, tokens=TOKENS))
+
+
+async def test_a_batch_over_http_starts_each_job_once_and_reports_and_exports_it(
+    api: ApiServer, eventually: Eventually
+):
+    tag = uuid.uuid4().hex
+    jobs = [{"id": f"j{i}", "prompt": f"{tag} {i}"} for i in range(3)]
+    async with api.http(SUBMITTER) as sub, api.http(VIEWER) as viewer:
+        # When a batch is posted, then posted again
+        first = await sub.post("/api/batches", json={"agent": "recall", "jobs": jobs})
+        assert first.status_code == 201, first.text
+        batch_id, runs = first.json()["id"], first.json()["runs"]
+        body = {"agent": "recall", "jobs": jobs, "batchId": batch_id}
+        again = await sub.post("/api/batches", json=body)
+
+        # Then the second post started nothing and names the same runs
+        assert (again.status_code, again.json()["started"]) == (201, [])
+        assert again.json()["runs"] == runs
+
+        # And a changed prompt is a 409 naming the job; a bad body is a 422
+        changed = [*jobs[:2], {"id": "j2", "prompt": "another"}]
+        conflict = await sub.post("/api/batches", json={**body, "jobs": changed})
+        assert conflict.status_code == 409
+        assert "'j2'" in conflict.json()["detail"]
+        twice = await sub.post("/api/batches", json={"agent": "recall", "jobs": jobs[:1] * 2})
+        assert twice.status_code == 422
+        assert (await viewer.post("/api/batches", json=body)).status_code == 403
+
+        # And its status says all done, once they are; its results keep the input's order
+        async def finished() -> dict[str, Any] | None:
+            found = (await viewer.get(f"/api/batches/{batch_id}")).json()
+            return found if found["finished"] == 3 else None
+
+        status = await eventually(finished, what="the batch to finish")
+        assert status["counts"] == {"done": 3}
+        assert status["startedBy"] == "sam"
+        lines = (await viewer.get(f"/api/batches/{batch_id}/results")).text.splitlines()
+        assert [json.loads(line)["id"] for line in lines] == ["j0", "j1", "j2"]
+        assert [json.loads(line)["text"] for line in lines] == [j["prompt"] for j in jobs]
+        listed = (await viewer.get("/api/batches", params={"agent": "recall"})).json()
+        assert batch_id in [b["id"] for b in listed["items"]]
+        cancelled = await sub.post(f"/api/batches/{batch_id}/cancel")
+        assert cancelled.json() == {"id": batch_id, "cancelled": {}}
+        assert (await viewer.get("/api/batches/batch_nope")).status_code == 404

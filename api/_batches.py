@@ -1,0 +1,115 @@
+"""Batches over HTTP: start one, see where it stands, cancel it, export its results.
+
+    POST /api/batches                {agent, jobs: [{id, prompt}], batchId?, restartChanged?}
+    GET  /api/batches                ?agent=&limit=&before=   newest first
+    GET  /api/batches/{id}           counts, open requests, tokens, rate, ETA
+    POST /api/batches/{id}/cancel
+    GET  /api/batches/{id}/results   JSON lines in the input's order
+
+Starting is idempotent per job: posting the same batch again starts only its
+jobs that have no run (409 naming the jobs whose prompt changed, unless
+`restartChanged`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from api._auth import Reader, Submitter
+from relayq.agents import get_agent
+from store import batch_results, batch_status, cancel_batch, list_batches, result_of
+from tasks import DurableClient
+
+__all__ = ["MAX_JOBS", "NewBatch", "router"]
+
+MAX_JOBS = 10_000
+"""Jobs one request may start; more go in further posts of the same batch id."""
+
+router = APIRouter(prefix="/api")
+
+
+class NewJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=200)
+    prompt: str = Field(min_length=1)
+
+
+class NewBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True)
+
+    agent: str = Field(min_length=1)
+    jobs: list[NewJob] = Field(min_length=1, max_length=MAX_JOBS)
+    batch_id: str | None = Field(default=None, min_length=1, max_length=200)
+    """Post more jobs to it, or post it again after a failure: no job starts twice."""
+    restart_changed: bool = False
+
+    @model_validator(mode="after")
+    def _unique(self) -> NewBatch:
+        ids = [job.id for job in self.jobs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("each job id may appear once")
+        return self
+
+
+def _client(request: Request) -> DurableClient:
+    client: DurableClient = request.app.state.client
+    return client
+
+
+@router.post("/batches", status_code=201)
+async def start(body: NewBatch, request: Request, who: Submitter) -> dict[str, Any]:
+    """Start the batch's jobs that have no run yet; returns every job's run."""
+    started = await _client(request).start_batch(
+        get_agent(body.agent),
+        [(job.id, job.prompt) for job in body.jobs],
+        batch_id=body.batch_id,
+        started_by=who.name,
+        restart_changed=body.restart_changed,
+    )
+    return {"id": started.batch_id, "runs": started.runs, "started": started.started}
+
+
+@router.get("/batches")
+async def batches(
+    request: Request,
+    who: Reader,
+    agent: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before: str | None = None,
+) -> dict[str, Any]:
+    """Batches, newest first; `before`: the last id of the page before."""
+    found = await asyncio.to_thread(
+        list_batches, _client(request).db, agent=agent, limit=limit, before=before
+    )
+    now = datetime.now(UTC)
+    return {"items": [b.to_wire(now) for b in found]}
+
+
+@router.get("/batches/{batch_id}")
+async def status(batch_id: str, request: Request, who: Reader) -> dict[str, Any]:
+    found = await asyncio.to_thread(batch_status, _client(request).db, batch_id)
+    return found.to_wire(datetime.now(UTC))
+
+
+@router.post("/batches/{batch_id}/cancel")
+async def cancel(batch_id: str, request: Request, who: Submitter) -> dict[str, Any]:
+    """Cancel every unfinished run; `cancelled` counts them by the status they were in."""
+    asked = await asyncio.to_thread(cancel_batch, _client(request).db, batch_id)
+    return {"id": batch_id, "cancelled": dict(asked)}
+
+
+@router.get("/batches/{batch_id}/results")
+async def results(batch_id: str, request: Request, who: Reader) -> Response:
+    """One JSON line per job, in the input's order: {id, run_id, status, text, error}."""
+    rows = await asyncio.to_thread(batch_results, _client(request).db, batch_id)
+    lines = (json.dumps(result_of(r), ensure_ascii=False) for r in rows)
+    return Response("".join(f"{line}\n" for line in lines), media_type="application/x-ndjson")
