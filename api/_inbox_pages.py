@@ -11,6 +11,7 @@ answer) sees it read-only; their posts are refused with 403 anyway.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -26,6 +27,7 @@ from store import (
     UnknownRun,
     decisions_of,
     get_request,
+    list_batches,
     list_requests,
     proposed_arguments,
     run_view,
@@ -33,8 +35,10 @@ from store import (
 )
 from store.models import DecisionRow
 
-__all__ = ["TAIL", "WINDOW", "request_context", "router"]
+__all__ = ["BATCHES", "TAIL", "WINDOW", "request_context", "router"]
 
+BATCHES = 50
+"""Batches the inbox's batches page shows (the newest)."""
 TAIL = 12
 """Messages of the transcript a request's page shows (the last ones)."""
 WINDOW = 100
@@ -189,3 +193,14 @@ async def run_page(run_id: str, request: Request) -> Response:
         "decisions": [{"request_id": d.request_id, **_decision_of(d)} for d in decisions],
     }
     return render(request, who, "run.html", context)
+
+
+@router.get("/batches", response_class=HTMLResponse)
+async def batches_page(request: Request) -> Response:
+    """The batches, newest first, each with its progress."""
+    who = page_session(request)
+    if not isinstance(who, Principal):
+        return who
+    found = await asyncio.to_thread(list_batches, client_of(request).db, limit=BATCHES)
+    now = datetime.now(UTC)
+    return render(request, who, "batches.html", {"batches": [b.to_wire(now) for b in found]})

@@ -4,6 +4,7 @@ export; through the CLI, real workers behind it."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from store.models import FINISHED
 
 from .conftest import Durable, Eventually
 from .desk import refund_prompt
-from .test_api import SUBMITTER, TOKENS, VIEWER, ApiServer, serve_in_thread
+from .test_api import SUBMITTER, TOKENS, VIEWER, ApiServer, log_in, serve_in_thread
 from .test_cli import cli, one_error_line, read_results, settle, write_jobs
 
 __all__ = ["cli"]  # the fixture, shared with test_cli
@@ -270,3 +271,25 @@ async def test_a_batch_over_http_starts_each_job_once_and_reports_and_exports_it
         cancelled = await sub.post(f"/api/batches/{batch_id}/cancel")
         assert cancelled.json() == {"id": batch_id, "cancelled": {}}
         assert (await viewer.get("/api/batches/batch_nope")).status_code == 404
+
+
+async def test_the_inbox_shows_each_batch_with_its_progress(
+    api: ApiServer, durable: Durable, eventually: Eventually
+):
+    tag = uuid.uuid4().hex
+    jobs = [{"id": f"j{i}", "prompt": f"{tag} {i}"} for i in range(2)]
+    async with api.http(SUBMITTER) as sub:
+        batch_id = (await sub.post("/api/batches", json={"agent": "recall", "jobs": jobs})).json()[
+            "id"
+        ]
+    async with api.http() as browser:
+        await log_in(browser, VIEWER)
+
+        async def shown() -> str | None:
+            page = (await browser.get("/batches")).text
+            return page if "2 of 2 finished" in page.split(batch_id, 1)[-1] else None
+
+        page = await eventually(shown, what="the batch to show as finished")
+    assert f'data-batch-id="{batch_id}"' in page
+    assert re.search(rf'{batch_id}.*?<progress max="2" value="2"', page, re.S)
+    assert 'aria-current="page">Batches' in page
