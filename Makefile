@@ -6,11 +6,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo lint typecheck pytest clean
 
+# pip's and the build backend's output (setuptools' deprecation boxes among it) goes to
+# $(INSTALL_LOG); the terminal gets one line, or the log's tail if the install fails.
+INSTALL_LOG := $(VENV)/install.log
+
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing relayq and its dependencies into $(VENV) (output in $(INSTALL_LOG)) ..."
+	@{ $(BIN)/python -m pip install --upgrade pip \
+	  && $(BIN)/python -m pip install -e '.[dev]'; } > $(INSTALL_LOG) 2>&1 \
+	  || { tail -n 40 $(INSTALL_LOG); echo "make: the install failed; all of it is in $(INSTALL_LOG)"; exit 1; }
+	@touch $(STAMP)
 
 test: lint typecheck pytest
 
@@ -24,8 +30,9 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest
 
+# `make demo DEMO=--keep` keeps the worker, the API and Flower running afterwards.
 demo: $(STAMP)
-	$(BIN)/relayq demo
+	@$(BIN)/relayq demo $(DEMO)
 
 clean:
 	rm -rf $(VENV) .relayq .pytest_cache .mypy_cache .ruff_cache

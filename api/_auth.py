@@ -110,11 +110,13 @@ def _entry(n: int, entry: str) -> tuple[Principal, str]:
             f"RELAYQ_API_TOKENS entry {n} is not {_FORMAT} (a token may not contain ':')"
         )
     name, role, token = fields[0].strip(), fields[1].strip(), fields[2]
-    where = f"entry {n} ({name})"
     if role not in ROLES:
+        # Neither the role nor the name: with fields out of place, either may be a token.
         raise ValueError(
-            f"RELAYQ_API_TOKENS {where}: role {role!r} is not one of {', '.join(ROLES)}"
+            f"RELAYQ_API_TOKENS entry {n}: its second field is not a role (one of "
+            f"{', '.join(ROLES)}); write {_FORMAT}"
         )
+    where = f"entry {n} ({name})"
     groups = _groups(fields[3], where) if len(fields) == 4 else ()
     return Principal(name=name, role=role, groups=groups), token
 

@@ -5,7 +5,8 @@
 | permission | routes |
 |---|---|
 | none | `GET /` (the login form, without a cookie), `POST /login`, `/static/*`, |
-| | `/docs`, `/openapi.json` |
+| | `/docs`, `/openapi.json`, `GET /healthz`, `GET /readyz`, `GET /metrics` (a |
+| | bearer token when `RELAYQ_METRICS_TOKEN` is set: `api._metrics`) |
 | read (any role) | `GET /api/runs`, `GET /api/runs/{id}`, `GET /api/requests`, |
 | | `GET /api/requests/{id}`, `GET /api/requests/{id}/decisions`, `GET /api/audit`, |
 | | `GET /api/events`, `GET /api/batches`, `GET /api/batches/{id}`, |
@@ -40,11 +41,13 @@ from api._approvals import router as approvals_router
 from api._auth import Tokens
 from api._batches import router as batches_router
 from api._errors import refused
+from api._health import router as health_router
 from api._inbox import router as inbox_router
 from api._inbox_forms import router as inbox_forms_router
 from api._inbox_lists import router as inbox_lists_router
 from api._inbox_pages import router as inbox_pages_router
 from api._limits import BodyLimit, body_limit, invalid_body
+from api._metrics import router as metrics_router
 from api._routes import router as api_router
 from api._security import SecurityHeaders, Signer, secret_from
 from relayq import RelayqError
@@ -105,6 +108,8 @@ def create_app(
     app.include_router(inbox_lists_router)
     app.include_router(inbox_pages_router)
     app.include_router(inbox_forms_router)
+    app.include_router(health_router)
+    app.include_router(metrics_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 

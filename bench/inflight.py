@@ -130,11 +130,11 @@ async def measure(
     sampler = Sampler([w.pid for w in workers])
     try:
         for log, worker in zip(logs, workers, strict=True):
-            await asyncio.to_thread(_wait_ready, log, worker)
+            await asyncio.to_thread(wait_ready, log, worker)
         sampler.start()
         started = time.perf_counter()
         ids = await client.start_many("bench", [f"job {i}" for i in range(runs)])
-        failed = await _wait_all(client, set(ids))
+        failed = await wait_all(client, set(ids))
         seconds = time.perf_counter() - started
     finally:
         sampler.stop.set()
@@ -147,7 +147,7 @@ async def measure(
     return Outcome(store, spec, each * count, runs, runs * turns, seconds, sampler.peak, failed)
 
 
-def _wait_ready(log: Path, worker: subprocess.Popen[bytes]) -> None:
+def wait_ready(log: Path, worker: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while b"ready." not in log.read_bytes():
         if worker.poll() is not None or time.monotonic() > deadline:
@@ -155,7 +155,7 @@ def _wait_ready(log: Path, worker: subprocess.Popen[bytes]) -> None:
         time.sleep(0.1)
 
 
-async def _wait_all(client: DurableClient, ids: set[str]) -> int:
+async def wait_all(client: DurableClient, ids: set[str]) -> int:
     """Wait until no run is queued or running; returns how many did not end `done`."""
 
     def count(statuses: tuple[str, ...]) -> int:

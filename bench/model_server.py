@@ -4,6 +4,12 @@
 
 Each reply asks for the `step` tool until the conversation holds `turns - 1`
 tool results, then gives a final answer: a run is exactly `turns` model calls.
+
+With `--limit-rps N` it enforces a rate limit as providers do (Anthropic documents
+a token bucket): a bucket of N requests, refilled N a second; a call that finds
+it empty is answered 429 with `Retry-After` (whole seconds). `GET /stats` says
+how many calls it answered and refused, and when the first and last answered
+ones arrived (seconds on the server's clock).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import time
 
 import uvicorn
 from starlette.applications import Starlette
@@ -19,9 +27,57 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 
-def app(latency: float, turns: int) -> Starlette:
+class Bucket:
+    """A token bucket: `rate` requests a second, up to `rate` saved up."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.tokens = rate
+        self.last = time.monotonic()
+
+    def take(self) -> float | None:
+        """None if the request may go; else seconds until it could."""
+        now = time.monotonic()
+        self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return None
+        return (1 - self.tokens) / self.rate
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.answered = 0
+        self.refused = 0
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def ok(self) -> None:
+        now = time.monotonic()
+        self.answered += 1
+        self.first = now if self.first is None else self.first
+        self.last = now
+
+
+def app(latency: float, turns: int, limit_rps: float = 0.0) -> Starlette:
+    bucket = Bucket(limit_rps) if limit_rps > 0 else None
+    stats = Stats()
+
+    async def stats_page(request: Request) -> JSONResponse:
+        return JSONResponse(vars(stats))
+
     async def completions(request: Request) -> JSONResponse:
         body = json.loads(await request.body())
+        wait = bucket.take() if bucket is not None else None
+        if wait is not None:
+            stats.refused += 1
+            return JSONResponse(
+                {"error": {"type": "rate_limit_error", "message": "rate limit exceeded"}},
+                status_code=429,
+                headers={"retry-after": str(math.ceil(wait))},
+            )
+        stats.ok()
         done = sum(1 for m in body["messages"] if m["role"] == "tool")
         await asyncio.sleep(latency)
         if done < turns - 1:
@@ -50,7 +106,12 @@ def app(latency: float, turns: int) -> Starlette:
             }
         )
 
-    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/stats", stats_page, methods=["GET"]),
+        ]
+    )
 
 
 def main() -> None:
@@ -58,9 +119,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--limit-rps", type=float, default=0.0, help="0: no limit")
     args = parser.parse_args()
     uvicorn.run(
-        app(args.latency, args.turns),
+        app(args.latency, args.turns, args.limit_rps),
         host="127.0.0.1",
         port=args.port,
         log_level="warning",

@@ -21,7 +21,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlmodel import col, select
 
-from cli._common import fail, known_agent, run_with_client, settings
+from cli._common import (
+    check_broker,
+    fail,
+    known_agent,
+    run_with_client,
+    settings,
+    warn_if_no_worker,
+)
 from relayq._types import new_id
 from store import FINISHED, Database, RunRow, result_of
 from tasks.client import DurableClient
@@ -162,6 +169,7 @@ def batch(
     jobs = read_jobs(jobs_file)
     current = settings()
     known_agent(agent, current)
+    check_broker(current)  # one line and exit 1, before anything is written
     sidecar = sidecar_of(output)
     batch_id, runs = _load_sidecar(sidecar, agent)
     legacy = bool(runs) and batch_id is None  # runs started before batches were records
@@ -183,6 +191,8 @@ def batch(
         _save_sidecar(sidecar, agent, batch_id, runs)
         fresh, before = len(started.started), len(jobs) - len(started.started)
         err.print(f"batch {batch_id}: {len(jobs)} jobs: {fresh} started, {before} already started")
+        if started.started:  # say at once when nothing will take them
+            await asyncio.to_thread(warn_if_no_worker, agent, current, db=client.db)
         return await _watch(client.db, jobs, runs, output, timeout=timeout, err=err)
 
     states = run_with_client(go, current)

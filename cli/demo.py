@@ -10,7 +10,10 @@ refund tools are wrapped in `requires_approval`: one that finance edits to
 half its amount, one that takes a quorum of two finance approvers, both
 decided through `POST /api/requests/{id}/decision`. A webhook receiver in this
 process gets the worker's events all along, checks each signature, and the
-demo prints what it got. Last, it stops every process it started.
+demo prints what it got. Last, it stops every process it started; with
+`--keep`, it first leaves two refunds waiting in the inbox and keeps the
+worker, the API and Flower running, their addresses and an approver's token
+printed, until Ctrl-C (`cli.demo_stack`).
 
 The store is SQLite under `.relayq/demo` (PostgreSQL is for `compose.yaml`).
 """
@@ -19,18 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 from rich.console import Console
 from rich.table import Table
 
+from cli.demo_stack import Stack, build_stack, forget_keys, keep_running, stopped_by_signals
 from relayq.demo import QUORUM_ABOVE, order_record
 from tasks import Settings
 from tasks.webhooks import verify_signature
@@ -52,73 +52,29 @@ __all__ = ["main"]
 LIMIT = 150.0
 """Refunds up to this amount are approved; larger ones are declined."""
 
-PEOPLE = {
-    "backoffice": ("approver", ""),
-    "ann": ("approver", "finance"),
-    "ben": ("approver", "finance"),
-    "support": ("submitter", ""),
-}
-"""Who holds a token, with what role and groups: backoffice answers the batch,
-support starts the approval runs, ann and ben of finance decide them."""
-
 FINISHED = ("done", "failed", "cancelled", "incomplete")
 
 console = Console()
 
 
-@dataclass
-class Stack:
-    """The processes the demo started, and how to reach them."""
-
-    home: Path
-    env: dict[str, str]
-    api: str
-    flower: str
-    tokens: dict[str, str]
-    """Each person's API token, by name (see PEOPLE)."""
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def http(self, person: str) -> httpx.Client:
-        """An API client holding `person`'s token."""
-        headers = {"Authorization": f"Bearer {self.tokens[person]}"}
-        return httpx.Client(base_url=self.api, headers=headers, timeout=30)
-
-    def start(self, name: str, *args: str) -> None:
-        log = (self.home / f"{name}.log").open("wb")
-        self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", *args],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def exited(self) -> str | None:
-        """The name of a process that has ended, if one has."""
-        return next((name for name, p in self.processes.items() if p.poll() is not None), None)
-
-    def stop(self) -> None:
-        for proc in self.processes.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.processes.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
-def main(jobs: int = 20, home: Path | None = None) -> None:
+def main(jobs: int = 20, home: Path | None = None, *, keep: bool = False) -> None:
+    """Run the demo; with `keep`, leave its processes running until Ctrl-C, then stop them."""
     home = (home or Path(".relayq") / "demo").resolve()
     shutil.rmtree(home, ignore_errors=True)  # each demo starts from an empty store
     home.mkdir(parents=True)
     receiver = WebhookReceiver(secrets.token_urlsafe(32)).start()
-    stack = _stack(home, receiver)
+    stack = build_stack(home, webhook_url=receiver.url, webhook_secret=receiver.secret)
     settings = Settings.from_env(stack.env)
     if settings.embedded_broker:
         ensure_embedded_redis(settings)
     try:
-        _run(stack, jobs, receiver)
+        with stopped_by_signals():
+            _run(stack, jobs, receiver, keep=keep)
+            if keep:
+                _leave_open(stack)
+                keep_running(stack, console)
+    except KeyboardInterrupt:
+        console.print("[dim]interrupted[/dim]")
     finally:
         console.print("[dim]stopping the worker, the API and Flower ...[/dim]")
         stack.stop()
@@ -126,43 +82,10 @@ def main(jobs: int = 20, home: Path | None = None) -> None:
         if settings.embedded_broker:
             stop_embedded_redis(settings)
         else:
-            _forget_keys(settings)
+            forget_keys(settings)
 
 
-def _stack(home: Path, receiver: WebhookReceiver) -> Stack:
-    api_port, flower_port = _free_port(), _free_port()
-    tokens = {name: secrets.token_urlsafe(24) for name in PEOPLE}
-    token = tokens["backoffice"]
-    (home / "token").write_text(token)
-    (home / "token").chmod(0o600)
-    hooks = [{"name": "demo", "url": receiver.url, "secret": receiver.secret}]
-    env = {
-        **os.environ,
-        "RELAYQ_HOME": str(home),
-        "RELAYQ_AGENTS": "relayq.demo",
-        "RELAYQ_API_TOKENS": ",".join(
-            f"{name}:{role}:{tokens[name]}" + (f":{groups}" if groups else "")
-            for name, (role, groups) in PEOPLE.items()
-        ),
-        "RELAYQ_FLOWER_AUTH": f"demo:{token}",
-        "RELAYQ_DATABASE_URL": f"sqlite:///{home / 'relayq.db'}",
-        "RELAYQ_WEBHOOKS": json.dumps(hooks),
-        "RELAYQ_PUBLIC_URL": f"http://127.0.0.1:{api_port}",
-        "NO_PROXY": "127.0.0.1,localhost",
-    }
-    if "RELAYQ_BROKER_URL" not in os.environ and _port_open(6379):
-        env["RELAYQ_BROKER_URL"] = "redis://127.0.0.1:6379/0"
-        env["RELAYQ_KEY_PREFIX"] = f"relayq-demo-{secrets.token_hex(4)}:"
-    return Stack(
-        home=home,
-        env=env,
-        api=f"http://127.0.0.1:{api_port}",
-        flower=f"http://127.0.0.1:{flower_port}",
-        tokens=tokens,
-    )
-
-
-def _run(stack: Stack, jobs: int, receiver: WebhookReceiver) -> None:
+def _run(stack: Stack, jobs: int, receiver: WebhookReceiver, *, keep: bool) -> None:
     console.rule("relayq demo")
     broker = stack.env.get("RELAYQ_BROKER_URL", "the embedded Redis")
     console.print(f"broker: {broker}; store: SQLite in {stack.home}")
@@ -170,15 +93,18 @@ def _run(stack: Stack, jobs: int, receiver: WebhookReceiver) -> None:
     stack.start("worker", "worker", "--loglevel", "WARNING")
     stack.start("api", "api", "--port", stack.api.rsplit(":", 1)[1])
     stack.start("flower", "flower", "--port", stack.flower.rsplit(":", 1)[1])
-    _wait_for_api(stack)
+    stack.wait_for_api()
 
     _batch(stack, jobs)
     runs = [_edited_refund(stack), _quorum_refund(stack)]
     _webhooks(stack, receiver, runs)
+    if keep:
+        return
     console.print(
         f"\nWhile it ran, the inbox was at {stack.api}/ and Flower at {stack.flower}/ "
-        f"(backoffice's token and Flower's password in {stack.home / 'token'}). Start "
-        "them yourself with `relayq worker`, `relayq api` and `relayq flower`."
+        f"(backoffice's token and Flower's password in {stack.home / 'token'}). "
+        "`relayq demo --keep` keeps them running; or start them yourself with "
+        "`relayq worker`, `relayq api` and `relayq flower`."
     )
 
 
@@ -343,12 +269,30 @@ def _quorum_refund(stack: Stack) -> str:
     return run_id
 
 
-def _order(fits: Callable[[float], bool]) -> str:
-    """The first order from 2001 whose (made-up, stable) amount `fits`."""
-    n = 2001
+def _order(fits: Callable[[float], bool], start: int = 2001) -> str:
+    """The first order from `start` whose (made-up, stable) amount `fits`."""
+    n = start
     while not fits(float(order_record(str(n))["amount"])):
         n += 1
     return str(n)
+
+
+def _leave_open(stack: Stack) -> None:
+    """For `--keep`: two refunds left for a person to decide in the inbox, one of them
+    needing two of finance."""
+    console.rule("left for you in the inbox")
+    orders = [
+        _order(lambda amount: 50 <= amount <= QUORUM_ABOVE, start=3001),
+        _order(lambda amount: amount > QUORUM_ABOVE, start=3001),
+    ]
+    runs = [_start_refund(stack, order) for order in orders]
+    with stack.http("ann") as ann:
+        for run_id in runs:
+            _open_request(ann, run_id)
+    console.print(
+        f"the refunds of orders {orders[0]} and {orders[1]} wait for a decision (the second "
+        "needs two of finance: ann, then ben)"
+    )
 
 
 def _start_refund(stack: Stack, order: str) -> str:
@@ -542,43 +486,3 @@ def _what(event: Delivery) -> str:
     if event.type == "request.decided":
         return f"{data.get('outcome')} by {data.get('decidedBy')}"
     return str(data.get("status") or "")
-
-
-def _wait_for_api(stack: Stack, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        name = stack.exited()
-        if name is not None:
-            log = (stack.home / f"{name}.log").read_text()[-2000:]
-            raise SystemExit(f"relayq demo: the {name} process exited early; {name}.log:\n{log}")
-        try:
-            if httpx.get(f"{stack.api}/openapi.json", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"relayq demo: the API did not answer at {stack.api} within {timeout:.0f} s")
-
-
-def _forget_keys(settings: Settings) -> None:
-    """Leave the machine's Redis as the demo found it: delete the keys under its prefix."""
-    client = redis.Redis.from_url(settings.broker_url)
-    try:
-        for key in client.scan_iter(match=f"{settings.key_prefix}*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
-            return True
-    except OSError:
-        return False

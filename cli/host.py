@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Annotated, Any, cast
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic.alias_generators import to_camel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -22,7 +23,9 @@ from cli._common import (
     OlderThanFilter,
     SearchFilter,
     ToolFilter,
+    WorkerWatch,
     age_of,
+    check_broker,
     console,
     fail,
     known_agent,
@@ -33,7 +36,16 @@ from cli.approvals import cli_decider, decision_answer
 from cli.render import MessagePrinter, age, clip, print_pending, print_requests, status_style
 from relayq import Answer, RunResult
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
-from store import FINISHED, Page, RequestPage, StoredRequest, get_request, get_run, settled
+from store import (
+    FINISHED,
+    Page,
+    RequestPage,
+    RunRow,
+    StoredRequest,
+    get_request,
+    get_run,
+    settled,
+)
 from store.paging import DEFAULT_PAGE, MAX_PAGE
 from store.requests import STATUSES as STORED_STATUSES
 from store.requests import RequestSort, SortOrder
@@ -55,25 +67,40 @@ def run(
     """Start a run, print its transcript as it grows, then its text or the request it waits on.
 
     Exits 0 when the run is done or pending on the host, 1 when it failed, was
-    cancelled, ran out of turns, or did not settle within --timeout.
+    cancelled, ran out of turns, or did not settle within --timeout. A broker
+    that does not answer is an error before anything is started; a run that no
+    worker consumes is said to be so on stderr, with the command that starts one.
     """
     current = settings()
     known_agent(agent, current)
+    check_broker(current)
     out = console()
 
     async def go(client: DurableClient) -> RunResult:
         run_id = await client.start(agent, prompt)
         out.print(Text.assemble(("run ", "dim"), (run_id, "bold"), (f"  agent {agent}", "dim")))
-        return await follow(client, run_id, timeout=timeout, out=out)
+        watch = WorkerWatch(agent, current, client.db)
+        try:
+            return await follow(client, run_id, timeout=timeout, out=out, watch=watch)
+        except WaitTimeout as exc:
+            fail(f"{exc}{watch.hint()}")
 
     result = run_with_client(go, current)
     _finish(out, result)
 
 
 async def follow(
-    client: DurableClient, run_id: str, *, timeout: float | None, out: Console
+    client: DurableClient,
+    run_id: str,
+    *,
+    timeout: float | None,
+    out: Console,
+    watch: WorkerWatch | None = None,
 ) -> RunResult:
-    """Print each new message of the run until it settles; WaitTimeout after `timeout` s."""
+    """Print each new message of the run until it settles; WaitTimeout after `timeout` s.
+
+    With `watch`, a run left waiting in a queue no worker consumes is said to be so.
+    """
     printer = MessagePrinter(out)
     shown = 0
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -85,6 +112,8 @@ async def follow(
         for message in result.messages[shown:]:
             printer.print(message)
         shown = len(result.messages)
+        if watch is not None:
+            watch.poll(status)
         if done:
             return result
         if deadline is not None and time.monotonic() >= deadline:
@@ -215,7 +244,16 @@ def _next_page_command(ctx: typer.Context, next_cursor: str) -> str:
     return shlex.join([*words, "--cursor", next_cursor])
 
 
-def show(run_id: Annotated[str, typer.Argument(help="The run's id.")]) -> None:
+def show(
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the run as `GET /api/runs/{id}` does, with its agent, times and requests.",
+        ),
+    ] = False,
+) -> None:
     """Show a run: its status, its transcript turn by turn, and its requests."""
 
     async def load(client: DurableClient) -> tuple[Any, RunResult, list[Any]]:
@@ -225,6 +263,9 @@ def show(run_id: Annotated[str, typer.Argument(help="The run's id.")]) -> None:
         return row, result, list(requests)
 
     row, result, requests = run_with_client(load)
+    if as_json:
+        typer.echo(_run_json(row, result, requests))
+        return
     out = console()
     out.print(
         Text.assemble(
@@ -376,11 +417,18 @@ def runs(
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Only this agent's runs.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the runs as `GET /api/runs` does.")
+    ] = False,
 ) -> None:
     """List runs, newest first."""
     if status is not None and status not in STATUSES:
         fail(f"unknown status {status!r}; one of {', '.join(STATUSES)}")
     rows = run_with_client(lambda c: c.runs(status, agent=agent, limit=limit))
+    if as_json:
+        summaries = [RunSummary.model_validate(row.model_dump()) for row in rows]
+        typer.echo(_SUMMARIES.dump_json(summaries, by_alias=True, indent=2).decode())
+        return
     out = console()
     if not rows:
         out.print("no runs")
@@ -398,3 +446,40 @@ def runs(
             clip(outcome, 60),
         )
     out.print(table)
+
+
+# --- --json: the API's shapes and keys (camelCase), so a script reads both alike --------------
+
+
+class RunSummary(BaseModel):
+    """A run without its transcript, as `GET /api/runs` lists it."""
+
+    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True)
+
+    id: str
+    agent: str
+    status: str
+    conversation_id: str
+    turns: int
+    text: str | None
+    error: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+_SUMMARIES = TypeAdapter(list[RunSummary])
+
+
+def _run_json(row: RunRow, result: RunResult, requests: list[StoredRequest]) -> str:
+    """`relayq show --json`: the run as `GET /api/runs/{id}` gives it (status, text, toolCalls,
+    messages, pending, turns, usage, runId, error), with its summary's fields beside them
+    (agent, conversationId, cancelRequested, createdAt, updatedAt) and its requests, oldest
+    first, each as `GET /api/requests` lists it."""
+    summary = RunSummary.model_validate(row.model_dump())
+    shown: dict[str, Any] = result.model_dump(mode="json", by_alias=True)
+    for key, value in summary.model_dump(mode="json", by_alias=True).items():
+        shown.setdefault(key, value)
+    del shown["id"]  # `runId` says it, as in the API's run
+    shown["requests"] = [r.model_dump(mode="json", by_alias=True) for r in requests]
+    return json.dumps(shown, indent=2, ensure_ascii=False)

@@ -13,8 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli._common import fail, settings, user_errors
-from relayq.agents import load_agents
+from cli._common import check_database, fail, load_agent_modules, settings
 from tasks.settings import QUEUES
 
 __all__ = ["api", "beat", "demo", "flower", "worker"]
@@ -81,7 +80,7 @@ def worker(
     _set_env(RELAYQ_AGENTS=agents, RELAYQ_CONCURRENCY=concurrency)
     if pool is not None:
         os.environ["RELAYQ_POOL"] = pool.value
-    _check_agents()
+    _check_setup()
     args = ["worker", "--loglevel", loglevel, *(["--queues", queues] if queues else [])]
     _start([*args, *ctx.args])
 
@@ -109,17 +108,31 @@ def _set_env(**values: object) -> None:
             os.environ[name] = str(value)
 
 
-def _check_agents() -> None:
-    """Fail here, in one line, on an agent module that does not import."""
+def _check_setup() -> None:
+    """Fail here, in one line naming the variable, on settings the process would die of
+    later in a traceback: a bad value or URL, an agent module that does not import, a
+    database that does not answer. (A broker that does not answer is waited for.)"""
     current = settings()
     if current.agents:
-        with user_errors():
-            load_agents(current.agents)
+        load_agent_modules(current)
+    check_database(current)
+
+
+def _check_tokens() -> None:
+    """RELAYQ_API_TOKENS, parsed as the API will: one line naming the bad entry, never a token."""
+    tokens = _load("api._auth", "the API's tokens").Tokens
+    try:
+        tokens.parse(os.environ.get("RELAYQ_API_TOKENS", ""))
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _start(argv: list[str]) -> None:
-    from workers.__main__ import main as start_celery
-
+    try:
+        # Reads the settings again, with a Celery config module's (CELERY_CONFIG_MODULE).
+        from workers.__main__ import main as start_celery
+    except ValueError as exc:
+        fail(str(exc))
     start_celery(argv)
 
 
@@ -128,6 +141,8 @@ def api(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
 ) -> None:
     """Serve the HTTP API and the inbox (runs, requests, answers) with uvicorn."""
+    _check_setup()
+    _check_tokens()
     _load("api.server", "the API server").serve(host, port)
 
 
@@ -136,12 +151,28 @@ def flower(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 5555,
 ) -> None:
     """Serve Flower, Celery's monitor, on the relayq broker (task events turn on while it runs)."""
-    _load("workers.flower", "Flower").run(port=port, address=host)
+    settings()
+    try:
+        _load("workers.flower", "Flower").run(port=port, address=host)
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        fail(exc.code.removeprefix("relayq flower: "))  # its refusals, as every command's
 
 
-def demo() -> None:
+def demo(
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep",
+            help="Afterwards, keep the worker, the API and Flower running, with two refunds "
+            "waiting in the inbox; print the inbox's address and an approver's token. "
+            "Ctrl-C stops them all.",
+        ),
+    ] = False,
+) -> None:
     """Run the refund demo: the `demo` agent, a lookup tool and an approval answered by you."""
-    _load("cli.demo", "the demo").main()
+    _load("cli.demo", "the demo").main(keep=keep)
 
 
 def _load(module: str, what: str) -> Any:

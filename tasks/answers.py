@@ -7,13 +7,15 @@ from celery import Task, shared_task
 from store import apply_answer_of
 from store.outbox import ANSWER_QUEUE, ANSWER_TASK
 from tasks.runtime import Runtime
+from tasks.tracing import resumed
 
 __all__ = ["apply_answer", "submit_answer"]
 
 
 async def apply_answer(rt: Runtime, request_id: str) -> str:
-    outbox = await rt.io(apply_answer_of, rt.db, request_id)
-    await rt.publish(outbox)
+    async with resumed(rt, request_id):  # traced, when tracing is on (`tasks.tracing`)
+        outbox = await rt.io(apply_answer_of, rt.db, request_id)
+        await rt.publish(outbox)
     return "resumed" if outbox else "skipped: already applied or run not pending"
 
 

@@ -57,6 +57,7 @@ from store import (
 from store.audit import Decider
 from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
+from tasks import tracing
 from tasks.publish import publish, sender_app
 from tasks.settings import Settings
 
@@ -138,8 +139,10 @@ class DurableClient:
 
     async def _publish(self, rows: Iterable[OutboxRow]) -> None:
         """Send the messages a change wrote; in eager mode, run them here and now."""
+        rows = list(rows)
+        await tracing.runs_published(self.db, rows)  # a new run's trace starts here
         if self._inline is not None:
-            await self._inline.publish(list(rows))
+            await self._inline.publish(rows)
             return
         await asyncio.to_thread(publish, self.app, self.db, rows)
 
@@ -390,6 +393,7 @@ class DurableClient:
         reply = _answer_of(answer)
         who = decider.name if decider is not None else answered_by
         check_answer(reply, answered_by=who, max_bytes=self.settings.max_answer_bytes)
+        since = tracing.now()
         accepted = await asyncio.to_thread(
             accept_answer,
             self.db,
@@ -398,6 +402,8 @@ class DurableClient:
             partial=partial,
             decider=decider,
         )
+        via = decider.via if decider is not None else "python"
+        await tracing.decided(self.db, [(reply.id, reply.ok, accepted)], since=since, via=via)
         await self._publish(accepted.outbox)
         return accepted.run_id
 
@@ -419,9 +425,12 @@ class DurableClient:
         for reply in replies:
             check_answer(reply, answered_by=decider.name, max_bytes=self.settings.max_answer_bytes)
         seen = revisions or {}
+        since = tracing.now()
         accepted = await asyncio.to_thread(
             accept_many, self.db, [(r, seen.get(r.id)) for r in replies], decider=decider
         )
+        decisions = [(r.id, r.ok, a) for r, a in zip(replies, accepted, strict=True)]
+        await tracing.decided(self.db, decisions, since=since, via=decider.via)
         await self._publish([row for a in accepted for row in a.outbox])
         return [a.run_id for a in accepted if a.complete]
 

@@ -40,6 +40,7 @@ the deployment's. An empty value counts as unset.
 | `RELAYQ_WEBHOOK_RETRY_BASE` | `1.0` | first backoff of a delivery in seconds; doubles, up to 1 h |
 | `RELAYQ_WEBHOOK_TIMEOUT` | `10` | seconds one webhook attempt may take |
 | `RELAYQ_WEBHOOK_CONCURRENCY` | `16` | webhook requests in flight at once per worker process |
+| `RELAYQ_LIMIT_WAIT` | `30` | seconds a turn waits in place for provider limits, else re-queued |
 
 In the configuration a duration may also be a number or a `timedelta`, a count
 an int, a flag a bool: `relayq_turn_time_limit = timedelta(minutes=5)`.
@@ -208,6 +209,9 @@ class Settings:
     """Seconds one attempt may take, from connecting to the reply's status."""
     webhook_concurrency: int = 16
     """Webhook requests in flight at once, per worker process."""
+    limit_wait: float = 30.0
+    """Seconds a turn may wait in place (an asyncio sleep) for its provider's shared limits
+    (`tasks.limiter`); a longer wait sends it back to its queue with a countdown."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -260,6 +264,7 @@ class Settings:
             webhook_retry_base=src.seconds("webhook_retry_base", 1.0),
             webhook_timeout=src.seconds("webhook_timeout", 10),
             webhook_concurrency=src.read("webhook_concurrency", 16, _count(1)),
+            limit_wait=src.seconds("limit_wait", 30),
         )
         settings._check()
         return settings

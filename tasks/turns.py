@@ -25,9 +25,11 @@ from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult
 from relayq._retry import backoff
 from relayq.agents import Agent, AgentError
 from relayq.loop import Journal, Turn, take_turn
+from relayq.ratelimit import Throttled
 from relayq.relay import relay_calls_of
 from store import (
     Claim,
+    OutboxRow,
     StaleClaim,
     claim_turn,
     fail_run,
@@ -41,8 +43,10 @@ from store import (
     save_reply,
 )
 from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
+from tasks.limiter import limited_model, requeue_turn
+from tasks.metrics import observed_model, observed_turn
 from tasks.runtime import Runtime
-from tasks.settings import Settings
+from tasks.settings import MAX_COUNTDOWN, Settings
 
 __all__ = ["Outcome", "TaskRef", "TurnFailed", "drive_turn", "run_turn"]
 
@@ -172,11 +176,14 @@ async def _turn(
                 agent.name,
             )
     journal = StoreJournal(rt, claim, task)
-    async with asyncio.timeout(_time_limit(rt.settings, agent)):
+    time_limit = _time_limit(rt.settings, agent)
+    async with asyncio.timeout(time_limit):
         turn = await take_turn(
             claim.messages,
             toolkit,
-            agent.durable_model,
+            # Under the provider's shared limits, if it sets any (`tasks.limiter`);
+            # counted and traced (`tasks.metrics`).
+            observed_model(agent, limited_model(rt.settings, agent, time_limit)),
             run_id=claim.run_id,
             max_turns=agent.max_turns,
             system_prompt=agent.system_prompt,
@@ -234,7 +241,9 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
         return Outcome("skipped: stale or duplicate message")
     rt.holding[run_id] = claim.version
     try:
-        return await _drive(rt, task, claim)
+        # Timed and traced (`tasks.metrics`): relayq_turn_duration_seconds, relayq.turn.
+        async with observed_turn(rt, task, claim) as seen:
+            return seen.ended(await _drive(rt, task, claim))
     finally:
         rt.holding.pop(run_id, None)
 
@@ -266,6 +275,8 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
     except RunCancelled:
         await rt.io(finish_cancelled, rt.db, claim)
         return Outcome("cancelled")
+    except Throttled as exc:
+        return await _wait_for_capacity(rt, task, claim, exc)
     except (ModelError, TimeoutError) as exc:
         return await _retry_or_fail(rt, task, claim, exc)
     except Exception as exc:
@@ -293,6 +304,29 @@ async def _retry_or_fail(
     countdown = backoff(claim.attempts, retry_after, base=rt.settings.retry_base)
     queue = agent.queue if agent is not None else None
     row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown, queue=queue)
+    await _resend(rt, task, row, countdown)
+    return Outcome(f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}", countdown)
+
+
+# -- provider limits: a turn whose provider has no capacity for longer than it may wait
+# in place goes back to its queue; no failed try is counted, no error stored. --------------
+
+
+async def _wait_for_capacity(
+    rt: Runtime, task: TaskRef | None, claim: Claim, exc: Throttled
+) -> Outcome:
+    countdown = min(exc.retry_in, MAX_COUNTDOWN)
+    agent = rt.known_agent(claim.agent)
+    queue = agent.queue if agent is not None else None
+    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue)
+    await _resend(rt, task, row, countdown)
+    return Outcome(
+        f"waiting for {exc.provider} ({exc.reason}): again in {countdown:.1f} s", countdown
+    )
+
+
+async def _resend(rt: Runtime, task: TaskRef | None, row: OutboxRow, countdown: float) -> None:
+    """Send the turn again after `countdown`: as a retry of the same task on a worker."""
     if task is None:
         await rt.publish([row])
     else:
@@ -311,7 +345,6 @@ async def _retry_or_fail(
         )
         await rt.io(retry.apply_async)
         await rt.io(mark_published, rt.db, [row])
-    return Outcome(f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}", countdown)
 
 
 def _describe(exc: BaseException) -> str:

@@ -36,6 +36,7 @@ from relayq.agents import load_agents, registered_agents
 from tasks.settings import Settings, queue_named
 from workers.config import celery_config
 from workers.embedded import ensure_embedded_redis
+from workers.metrics import install as install_metrics
 
 __all__ = ["Consumer", "app", "exit_code", "settings"]
 
@@ -46,6 +47,7 @@ app = Celery("relayq")
 # if one is named; relayq's own Celery settings then go on top of it.
 settings = Settings.load(conf=app.conf)
 app.conf.update(celery_config(settings))
+install_metrics(app)  # served when RELAYQ_WORKER_METRICS_PORT is set (`workers.metrics`)
 
 _started = threading.Event()
 _stop_requested = threading.Event()

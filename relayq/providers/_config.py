@@ -46,6 +46,16 @@ class ProviderConfig(BaseModel):
     max_connections: int = 1000
     """Connections one process keeps open to the endpoint: calls in flight at once."""
 
+    # Limits shared by every worker process (see `relayq.ratelimit`); None: no limit.
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    """Calls started per minute, spaced evenly (60 / requests_per_minute seconds apart)."""
+    tokens_per_minute: int | None = Field(default=None, gt=0)
+    """Tokens (prompt and completion) per minute. A call is counted at an estimate when it
+    starts (its prompt's characters / 4, plus `max_tokens`, or else the average completion
+    seen so far) and corrected by the usage in the reply."""
+    max_in_flight: int | None = Field(default=None, gt=0)
+    """Calls waiting on the endpoint at once, across all workers."""
+
     def key_variables(self) -> tuple[str, ...]:
         return (self.api_key_env,) if self.api_key_env else _KEY_VARIABLES[self.style]
 

@@ -215,7 +215,7 @@ def test_a_bad_agents_module_stops_the_worker_with_one_line(durable: Durable):
     )
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [
-        "relayq: error: cannot import agent module 'no_such_module_here': "
+        "relayq: error: RELAYQ_AGENTS: cannot import agent module 'no_such_module_here': "
         "No module named 'no_such_module_here'"
     ]
 

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from relayq.demo import QUORUM_ABOVE, order_record
 from store import Database, StoredRequest, decisions_of, list_requests, run_result
 from store.webhooks import list_deliveries
 from tests.durable.conftest import Broker
+from tests.processes import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,16 +47,10 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[Demo]:
     cwd = tmp_path_factory.mktemp("demo")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYQ_")}
-    env["PYTHONPATH"] = str(ROOT)
-    if not broker.url.startswith("redis+socket"):  # the machine's Redis, on the tests' db
-        env["RELAYQ_BROKER_URL"] = broker.url
-        env["RELAYQ_KEY_PREFIX"] = broker.new_prefix()
-
     done = subprocess.run(
         [sys.executable, "-m", "cli.main", "demo"],
         cwd=cwd,
-        env=env,
+        env=_demo_env(broker),
         capture_output=True,
         text=True,
         timeout=280,
@@ -61,6 +60,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[D
     db = Database(f"sqlite:///{home / 'relayq.db'}")
     yield Demo(home, done.stdout, done.stderr, done.returncode, db)
     db.dispose()
+
+
+def _demo_env(broker: Broker) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYQ_")}
+    env["PYTHONPATH"] = str(ROOT)
+    if not broker.url.startswith("redis+socket"):  # the machine's Redis, on the tests' db
+        env["RELAYQ_BROKER_URL"] = broker.url
+        env["RELAYQ_KEY_PREFIX"] = broker.new_prefix()
+    return env
 
 
 def test_the_demo_runs_twenty_jobs_answers_their_approvals_by_api_and_stops_everything(
@@ -147,6 +155,60 @@ def test_the_demo_shows_no_token(demo: Demo):
     shown = [demo.stdout, demo.stderr, *(p.read_text() for p in demo.home.glob("*.log"))]
     assert token
     assert not any(token in text for text in shown)
+
+
+def test_keep_leaves_the_inbox_up_with_an_approvers_token_until_ctrl_c_stops_everything(
+    tmp_path: Path, broker: Broker
+):
+    # Given `relayq demo --keep`, run as from a terminal (its own process group)
+    cwd = tmp_path / "keep"
+    cwd.mkdir()
+    home = cwd / ".relayq" / "demo"
+    out = cwd / "stdout.txt"
+    with out.open("wb") as stdout, (cwd / "stderr.txt").open("wb") as stderr:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "demo", "--keep"],
+            cwd=cwd, env=_demo_env(broker), stdout=stdout, stderr=stderr,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        # When it has run, it prints the inbox's address and an approver's token, and waits
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops them all." not in out.read_text():
+            assert demo.poll() is None, out.read_text()[-3000:] + (cwd / "stderr.txt").read_text()
+            assert time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+        printed = out.read_text()
+        inbox = re.search(r"^inbox: +(http://127\.0\.0\.1:\d+)/$", printed, re.MULTILINE)
+        assert inbox, printed[-3000:]
+        said = r"log in as ann \(approver, finance\) with the token (\S+)$"
+        token = re.search(said, printed, re.MULTILINE)
+        assert token, printed[-3000:]
+        assert "Flower: http://127.0.0.1:" in printed
+
+        # Then the inbox asks for a token, takes that one, and lists the refunds left waiting
+        with httpx.Client(base_url=inbox.group(1), trust_env=False, timeout=30) as http:
+            login = http.get("/")
+            assert 'name="token"' in login.text, login.text
+            assert "demo_refunds" not in login.text
+            csrf = re.search(r'name="csrf_token" value="([^"]+)"', login.text)
+            assert csrf, login.text
+            form = {"token": token.group(1), "csrf_token": csrf.group(1), "next": "/"}
+            assert http.post("/login", data=form).status_code == 303
+            listing = http.get("/")
+            assert listing.status_code == 200
+            assert listing.text.count("demo_refunds") >= 2
+        assert len(_processes_with(f"RELAYQ_HOME={home}")) == 3  # the worker, the API, Flower
+
+        # When Ctrl-C reaches its group, as from a terminal
+        os.killpg(demo.pid, signal.SIGINT)
+        demo.wait(timeout=60)
+    finally:
+        stop_group(demo)
+    # Then every process it started has stopped
+    assert demo.returncode == 0, (cwd / "stderr.txt").read_text()
+    assert _processes_with(f"RELAYQ_HOME={home}") == []
+    assert not (home / "redis.sock").exists(), "the embedded broker, if it ran, stopped too"
 
 
 def _processes_with(setting: str) -> list[int]:

@@ -67,7 +67,11 @@ MALFORMED_TOKENS = [
     pytest.param(f"alice:{SECRET}", "entry 1 is not", id="2 fields"),
     pytest.param("alice:approver:", "entry 1 is not", id="no token"),
     pytest.param(f":approver:{SECRET}", "entry 1 is not", id="no name"),
-    pytest.param(f"alice:admin:{SECRET}", "role 'admin' is not one of", id="unknown role"),
+    pytest.param(
+        f"alice:admin:{SECRET}", "entry 1: its second field is not a role", id="unknown role"
+    ),
+    pytest.param(f"alice:{SECRET}:approver", "is not a role", id="token in the role's place"),
+    pytest.param(f"{SECRET}:alice:approver", "is not a role", id="token in the name's place"),
     pytest.param(f"alice:approver:{SECRET}:finance||ops", "empty group", id="empty group"),
     pytest.param(f"alice:approver:{SECRET}:ops|ops", "named twice", id="group twice"),
     pytest.param(

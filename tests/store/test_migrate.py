@@ -41,7 +41,7 @@ def test_migrating_a_migrated_database_again_changes_nothing(db: Database):
     migrate(db)
 
     assert schema_of(db) == schema
-    assert revision_of(db) == revision == ["0005"]
+    assert revision_of(db) == revision == ["0006"]
     assert get_run(db, "run_1").status == "queued", "the data survived"
 
 

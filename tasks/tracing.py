@@ -1,0 +1,472 @@
+"""OpenTelemetry traces of durable runs: one trace per run, off unless asked for.
+
+On when `RELAYQ_OTEL=1` (relayq then sets the OpenTelemetry SDK up, unless the host
+has: the exporter `OTEL_TRACES_EXPORTER` names, `otlp` by default, which needs
+`opentelemetry-exporter-otlp`), or when the host has configured a tracer provider
+(`opentelemetry.trace.set_tracer_provider`, or `use_tracer_provider` for relayq's
+spans alone). `RELAYQ_OTEL=0` turns it off. Without the `otel` extra nothing here
+does anything, and nothing costs more than a flag test while it is off.
+
+A run's trace, every span a child of the first:
+
+    relayq.run         the host starts the run (a root, linked to the host's current span)
+    relayq.turn        each turn, on the process that took it
+      relayq.model     the turn's model call
+    relayq.suspension  a request, from its opening to its answer or expiry
+    relayq.decision    each answer or vote on it, where it was given (API, CLI, host)
+    relayq.resume      the answer applied to the transcript, on a worker
+
+The run keeps its trace's context, a W3C `traceparent`, in the store
+(`runs.trace_context`), and its turn messages carry it as a `traceparent` task
+header, so every process joins the same trace however long the run waits and
+wherever it goes on. Spans carry ids, the agent, statuses and counts: never a
+prompt, an answer, a tool's arguments or a key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from celery.signals import before_task_publish
+from sqlalchemy import bindparam, select, update
+
+from store import Database, OutboxRow, RequestRow, RunRow
+from store.outbox import TURN_TASK
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+
+    from store.answers import Accepted
+    from store.turns import Claim
+    from tasks.runtime import Runtime
+
+try:
+    from opentelemetry import trace
+    from opentelemetry.context import Context as _Empty
+    from opentelemetry.trace import ProxyTracerProvider, SpanKind, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _OTEL = True
+except ImportError:  # the `otel` extra is not installed: no traces
+    _OTEL = False
+
+__all__ = [
+    "OTEL_ENV",
+    "decided",
+    "enabled",
+    "model_span",
+    "resumed",
+    "runs_published",
+    "turn_span",
+    "use_tracer_provider",
+]
+
+OTEL_ENV = "RELAYQ_OTEL"
+
+log = logging.getLogger(__name__)
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+_CHUNK = 500
+"""Runs per statement when many start at once (SQLite's bound-parameter limit)."""
+_REMEMBERED = 10_000
+
+_RUNS = RunRow.__table__  # type: ignore[attr-defined]
+_REQUESTS = RequestRow.__table__  # type: ignore[attr-defined]
+_SET_CONTEXT = (
+    update(_RUNS)
+    .where(_RUNS.c.id == bindparam("rid"), _RUNS.c.trace_context.is_(None))
+    .values(trace_context=bindparam("tp"))
+)
+_REQUEST_TRACE = (
+    select(
+        _REQUESTS.c.run_id,
+        _REQUESTS.c.agent,
+        _REQUESTS.c.kind,
+        _REQUESTS.c.status,
+        _REQUESTS.c.outcome,
+        _REQUESTS.c.applied,
+        _REQUESTS.c.created_at,
+        _REQUESTS.c.answered_at,
+        _RUNS.c.trace_context,
+    )
+    .join(_RUNS, _RUNS.c.id == _REQUESTS.c.run_id)
+    .where(_REQUESTS.c.id == bindparam("rid"))
+)
+
+_chosen: TracerProvider | None = None
+_setup_lock = threading.Lock()
+_set_up = False
+
+
+def use_tracer_provider(provider: TracerProvider | None) -> None:
+    """Trace relayq's runs with `provider` (None: back to the global one), whatever
+    `RELAYQ_OTEL` and the global provider say, short of `RELAYQ_OTEL=0`."""
+    global _chosen
+    _chosen = provider
+
+
+def enabled() -> bool:
+    """Whether relayq's spans go anywhere: see the module's docstring."""
+    if not _OTEL:
+        return False
+    flag = os.environ.get(OTEL_ENV, "").strip().lower()
+    if flag in _OFF:
+        return False
+    if _chosen is not None or flag in _ON:
+        return True
+    return not isinstance(
+        trace.get_tracer_provider(), ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+
+
+def _tracer() -> Tracer:
+    if _chosen is not None:
+        return _chosen.get_tracer("relayq")
+    if isinstance(trace.get_tracer_provider(), ProxyTracerProvider):
+        _set_up_sdk()
+    return trace.get_tracer("relayq")
+
+
+def _set_up_sdk() -> None:
+    """RELAYQ_OTEL=1 and no provider configured: the SDK's, with the exporter the
+    environment names (`OTEL_TRACES_EXPORTER`: otlp, console or none)."""
+    global _set_up
+    with _setup_lock:
+        if _set_up:
+            return
+        _set_up = True
+        try:
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider as SdkProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError:
+            log.warning("%s=1, but the OpenTelemetry SDK is not installed: no traces", OTEL_ENV)
+            return
+        attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "relayq"}
+        provider = SdkProvider(resource=Resource.create(attributes))
+        exporter = _exporter(os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")[0].strip())
+        if exporter is not None:
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+
+
+def _exporter(name: str) -> Any:
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if name == "otlp":
+        for module in (
+            "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+            "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+        ):
+            try:
+                return __import__(module, fromlist=["OTLPSpanExporter"]).OTLPSpanExporter()
+            except ImportError:
+                continue
+        log.warning(
+            "%s=1 exports with OTLP, which is not installed (pip install "
+            "opentelemetry-exporter-otlp); spans are dropped",
+            OTEL_ENV,
+        )
+    elif name != "none":
+        log.warning("OTEL_TRACES_EXPORTER=%s is not one relayq sets up; spans are dropped", name)
+    return None
+
+
+# -- the run's context: the store, the task headers, and this process's memory -----------------
+
+
+class _Remembered:
+    """Run id -> traceparent of runs this process has seen lately: what the turn messages
+    it sends carry as their header (sending happens on other threads)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, run_id: str) -> str | None:
+        with self._lock:
+            found = self._items.get(run_id)
+            if found is not None:
+                self._items.move_to_end(run_id)
+            return found
+
+    def put(self, run_id: str, traceparent: str) -> None:
+        with self._lock:
+            self._items[run_id] = traceparent
+            self._items.move_to_end(run_id)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+_remembered = _Remembered(_REMEMBERED)
+
+
+@before_task_publish.connect
+def _carry_context(
+    sender: str | None = None,
+    body: Any = None,
+    headers: dict[str, Any] | None = None,
+    **_: Any,
+) -> None:
+    """A turn message carries its run's trace context as a `traceparent` header."""
+    if sender != TURN_TASK or headers is None or "traceparent" in headers:
+        return
+    try:
+        run_id = str(body[0][0])  # protocol 2: (args, kwargs, embed); args = [run_id, version]
+    except (TypeError, IndexError, KeyError):
+        return
+    traceparent = _remembered.get(run_id)
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+
+
+def _traceparent(span: Span) -> str | None:
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(span))
+    return carrier.get("traceparent")
+
+
+def _context(traceparent: str) -> Context:
+    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+
+
+def _ns(moment: datetime) -> int:
+    return int(moment.timestamp() * 1e9)
+
+
+@dataclass(frozen=True)
+class _Run:
+    agent: str
+    traceparent: str
+
+
+def _contexts(db: Database, run_ids: Sequence[str]) -> dict[str, _Run]:
+    """Each run's trace; a run that has none yet gets one now (its `relayq.run` span)."""
+    found: dict[str, _Run] = {}
+    for start in range(0, len(run_ids), _CHUNK):
+        chunk = list(run_ids[start : start + _CHUNK])
+        with db.read() as s:
+            rows = s.execute(
+                select(_RUNS.c.id, _RUNS.c.agent, _RUNS.c.batch_id, _RUNS.c.trace_context).where(
+                    _RUNS.c.id.in_(chunk)
+                )
+            ).all()
+        fresh = {
+            row.id: (row.agent, _root(row.id, row.agent, row.batch_id))
+            for row in rows
+            if not row.trace_context
+        }
+        found.update(
+            {row.id: _Run(row.agent, row.trace_context) for row in rows if row.trace_context}
+        )
+        if fresh:
+            found.update(_keep(db, fresh))
+    for run_id, run in found.items():
+        _remembered.put(run_id, run.traceparent)
+    return found
+
+
+def _root(run_id: str, agent: str, batch_id: str | None) -> str:
+    """A new trace for the run: its `relayq.run` span, linked to the host's current span."""
+    caller = trace.get_current_span().get_span_context()
+    attributes = {"relayq.run_id": run_id, "relayq.agent": agent}
+    if batch_id:
+        attributes["relayq.batch_id"] = batch_id
+    span = _tracer().start_span(
+        "relayq.run",
+        context=_Empty(),  # a root: the caller's span is linked, not the parent
+        kind=SpanKind.PRODUCER,
+        attributes=attributes,
+        links=[trace.Link(caller)] if caller.is_valid else None,
+    )
+    span.end()
+    return _traceparent(span) or ""
+
+
+def _keep(db: Database, fresh: dict[str, tuple[str, str]]) -> dict[str, _Run]:
+    """Store the new contexts; where another process stored one first, its own wins."""
+    params = [{"rid": run_id, "tp": tp} for run_id, (_, tp) in fresh.items() if tp]
+    if not params:
+        return {}
+    with db.transaction() as conn:
+        written = conn.execute(_SET_CONTEXT, params).rowcount
+    if written == len(params):
+        return {run_id: _Run(agent, tp) for run_id, (agent, tp) in fresh.items() if tp}
+    with db.read() as s:
+        rows = s.execute(
+            select(_RUNS.c.id, _RUNS.c.agent, _RUNS.c.trace_context).where(
+                _RUNS.c.id.in_(list(fresh))
+            )
+        ).all()
+    return {row.id: _Run(row.agent, row.trace_context) for row in rows if row.trace_context}
+
+
+# -- the host: starting runs, deciding requests -------------------------------------------------
+
+
+async def runs_published(db: Database, rows: Iterable[OutboxRow]) -> None:
+    """Before the host sends turn messages: each run without a trace gets one, and the
+    messages carry it."""
+    if not enabled():
+        return
+    turns = {str(r.args[0]) for r in rows if r.task == TURN_TASK and r.args}
+    run_ids = sorted(rid for rid in turns if _remembered.get(rid) is None)
+    if run_ids:
+        await asyncio.to_thread(_contexts, db, run_ids)
+
+
+def now() -> int:
+    """The time for `decided`'s `since`, in the SDK's unit."""
+    return time.time_ns()
+
+
+async def decided(
+    db: Database,
+    decisions: Sequence[tuple[str, bool, Accepted]],
+    *,
+    since: int,
+    via: str,
+) -> None:
+    """A `relayq.decision` span for each answer the store took: (request id, ok, what the
+    store did), from `since` (`now()`) until now."""
+    if not enabled() or not decisions:
+        return
+    runs = await asyncio.to_thread(_contexts, db, sorted({a.run_id for _, _, a in decisions}))
+    tracer, until = _tracer(), time.time_ns()
+    for request_id, ok, accepted in decisions:
+        run = runs.get(accepted.run_id)
+        if run is None:
+            continue
+        span = tracer.start_span(
+            "relayq.decision",
+            context=_context(run.traceparent),
+            start_time=since,
+            attributes={
+                "relayq.run_id": accepted.run_id,
+                "relayq.agent": run.agent,
+                "relayq.request_id": request_id,
+                "relayq.decision.ok": ok,
+                "relayq.decision.resolved": accepted.complete,
+                "relayq.via": via,
+            },
+        )
+        span.end(end_time=until)
+
+
+# -- the worker: turns, model calls, resumes ----------------------------------------------------
+
+
+async def _run_context(rt: Runtime, run_id: str, known: str | None) -> Context:
+    """The run's trace: `known` (a message's header, the store's column), else this
+    process's memory, else the store's, else a new one."""
+    traceparent = known or _remembered.get(run_id)
+    if traceparent is None:
+        found = (await rt.io(_contexts, rt.db, [run_id])).get(run_id)
+        traceparent = found.traceparent if found is not None else ""
+    else:
+        _remembered.put(run_id, traceparent)
+    return _context(traceparent)
+
+
+@asynccontextmanager
+async def turn_span(rt: Runtime, header: str | None, claim: Claim) -> AsyncIterator[Span | None]:
+    """The turn's `relayq.turn` span, current while the turn runs (None when off);
+    `header` is the traceparent its task message carried, if any."""
+    if not enabled():
+        yield None
+        return
+    parent = await _run_context(rt, claim.run_id, header)
+    with _tracer().start_as_current_span(
+        "relayq.turn",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes={
+            "relayq.run_id": claim.run_id,
+            "relayq.agent": claim.agent,
+            "relayq.turn": claim.turns + 1,
+            "relayq.attempt": claim.attempts + 1,
+        },
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            # The type only: an exception's text may quote a prompt or a key.
+            span.set_status(StatusCode.ERROR, type(exc).__name__)
+            raise
+
+
+@contextmanager
+def model_span(provider: str, model: str) -> Iterator[Span | None]:
+    """The `relayq.model` span of one model call, a child of the current turn's."""
+    if not enabled():
+        yield None
+        return
+    with _tracer().start_as_current_span(
+        "relayq.model",
+        kind=SpanKind.CLIENT,
+        attributes={"server.address": provider, "gen_ai.request.model": model},
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_status(StatusCode.ERROR, type(exc).__name__)
+            raise
+
+
+@asynccontextmanager
+async def resumed(rt: Runtime, request_id: str) -> AsyncIterator[None]:
+    """The `relayq.resume` span around applying an answer, and the request's
+    `relayq.suspension` span, from its opening to its answer, the first time."""
+    if not enabled():
+        yield
+        return
+    row = await rt.io(_request_trace, rt.db, request_id)
+    if row is None:
+        yield
+        return
+    parent = await _run_context(rt, row.run_id, row.trace_context)
+    attributes = {
+        "relayq.run_id": row.run_id,
+        "relayq.agent": row.agent,
+        "relayq.request_id": request_id,
+        "relayq.request.kind": row.kind,
+        "relayq.request.status": row.status,
+    }
+    if row.outcome:
+        attributes["relayq.request.outcome"] = row.outcome
+    if not row.applied and row.answered_at is not None:
+        span = _tracer().start_span(
+            "relayq.suspension",
+            context=parent,
+            start_time=_ns(row.created_at),
+            attributes=attributes,
+        )
+        span.end(end_time=_ns(row.answered_at))
+    with _tracer().start_as_current_span(
+        "relayq.resume", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
+    ):
+        yield
+
+
+def _request_trace(db: Database, request_id: str) -> Any:
+    with db.read() as s:
+        return s.execute(_REQUEST_TRACE, {"rid": request_id}).first()

@@ -1,0 +1,89 @@
+"""`/healthz` and `/readyz`: no token, cheap, and a 503 that names the part that failed."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+import pytest
+
+from api.app import create_app
+from store import Database
+from tasks import Settings
+
+from .conftest import Durable
+from .test_api import TOKENS, ApiServer, serve_in_thread
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[ApiServer]:
+    yield from serve_in_thread(create_app(settings, tokens=TOKENS))
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def api(durable: Durable) -> Iterator[ApiServer]:
+    with serving(durable.settings) as server:
+        yield server
+
+
+async def test_the_api_is_alive_and_ready_without_a_token(api: ApiServer):
+    async with api.http() as http:
+        alive = await http.get("/healthz")
+        ready = await http.get("/readyz")
+
+    assert alive.status_code == 200
+    assert alive.json() == {"status": "ok"}
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready", "store": "ok", "broker": "ok"}
+    assert "content-security-policy" in alive.headers  # the API's security headers too
+
+
+async def test_a_broker_that_does_not_answer_makes_the_api_unready_naming_it_and_no_secret(
+    durable: Durable,
+):
+    # Given an API whose broker URL, password and all, points where nothing listens
+    broker = f"redis://:pa55-w0rd-x@127.0.0.1:{closed_port()}/0"
+    settings = replace(durable.settings, broker_url=broker)
+
+    with serving(settings) as api:
+        async with api.http() as http:
+            alive = await http.get("/healthz")
+            ready = await http.get("/readyz")
+
+    # Then it is alive, not ready, says the broker failed, and shows nothing of its URL
+    assert alive.status_code == 200
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "unready", "store": "ok", "broker": "ConnectionError"}
+    assert "pa55" not in ready.text
+    assert str(settings.broker_url.split("@")[1]) not in ready.text
+
+
+async def test_a_store_that_does_not_answer_makes_the_api_unready_naming_it(durable: Durable):
+    with serving(durable.settings) as api:
+        client = api.app.state.client
+        working = client.db
+        # The store goes away under the running API.
+        client.db = Database(f"postgresql+psycopg://relayq:pw@127.0.0.1:{closed_port()}/gone")
+        try:
+            async with api.http() as http:
+                ready = await http.get("/readyz")
+                alive = await http.get("/healthz")
+        finally:
+            client.db.dispose()
+            client.db = working
+
+    assert alive.status_code == 200
+    assert ready.status_code == 503
+    body = ready.json()
+    assert body["status"] == "unready"
+    assert body["store"] == "OperationalError"
+    assert body["broker"] == "ok"
+    assert "pw@" not in ready.text
