@@ -27,9 +27,11 @@ from cli._common import (
     known_agent,
     run_with_client,
     settings,
+    user_errors,
     warn_if_no_worker,
 )
 from relayq._types import new_id
+from relayq.limits import check_run_input
 from store import FINISHED, Database, RunRow, result_of
 from tasks.client import DurableClient
 
@@ -169,6 +171,10 @@ def batch(
     jobs = read_jobs(jobs_file)
     current = settings()
     known_agent(agent, current)
+    with user_errors():  # a prompt the store cannot keep: one line, nothing written
+        check_run_input(
+            agent=agent, prompts=[job.prompt for job in jobs], max_bytes=current.max_answer_bytes
+        )
     check_broker(current)  # one line and exit 1, before anything is written
     sidecar = sidecar_of(output)
     batch_id, runs = _load_sidecar(sidecar, agent)

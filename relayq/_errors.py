@@ -18,6 +18,8 @@
     │   └── InputTooLarge        the prompt is over the size limit
     ├── RunCancelled         the run was cancelled between two steps
     ├── ModelError           the model could not be called; says whether a retry may help
+    ├── Throttled            no provider capacity soon enough: the turn waits in its queue
+    │                        (relayq.ratelimit; a signal, never shown to a user)
     ├── AgentError           an agent is defined twice, or cannot serve a run (relayq.agents)
     │   └── UnknownAgent         no agent has that name here
     ├── ToolFailure          a builtin's expected failure, made its error result (relayq.builtins)
@@ -27,6 +29,8 @@
     │   ├── LinkLoop             a symlink loop on the way
     │   └── PatchError           a patch that does not parse or apply
     ├── UnknownRun           no run has that id (store.errors)
+    ├── UnknownBatch         no batch has that id (store.batches)
+    ├── JobChanged           a batch's rerun changes a job's prompt, or its agent (store.batches)
     ├── BadQuery             a listing's filter, sort, page size or cursor refused (store.paging)
     ├── StaleClaim           a turn lost its claim on its run; it writes nothing (store.errors)
     ├── IllegalTransition    a run cannot make that status change (store.transitions)
@@ -35,8 +39,9 @@
     └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)
 
 The API and the CLI choose a status code and a message from an error's type
-alone: UnknownRequest, UnknownRun and UnknownAgent are 404; NotAnApprover 403;
-RequestClosed, CallAnswered, AlreadyVoted, BulkRefused and ConversationBusy 409;
+alone: UnknownRequest, UnknownRun, UnknownBatch and UnknownAgent are 404;
+NotAnApprover 403; RequestClosed, CallAnswered, AlreadyVoted, BulkRefused,
+ConversationBusy and JobChanged 409;
 AnswerTooLarge and InputTooLarge 413; every other ResumeError, UnstorableInput and
 BadQuery 422.
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 from urllib.parse import urlsplit
 
-from relayq._errors import ModelError
+from relayq._errors import ModelError, RelayqError
 from relayq._model import InProcessRequest, InProcessResponse, Model
 from relayq._types import Usage
 from relayq.providers import ProviderConfig
@@ -143,7 +143,7 @@ def estimate_prompt_tokens(request: InProcessRequest) -> int:
     return size // 4 + 1
 
 
-class Throttled(Exception):
+class Throttled(RelayqError):
     """The provider has no room for this call sooner than the caller may wait in place.
 
     Not an error: the durable turn goes back to its queue and comes back in

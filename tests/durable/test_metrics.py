@@ -148,11 +148,12 @@ async def test_the_api_shows_runs_open_requests_decisions_queues_and_workers(
     count = "relayq_request_decision_seconds_count"
     was = value(before, count, agent="lookup", outcome="answered") or 0
     assert value(after, count, agent="lookup", outcome="answered") == was + 1
-    inf = value(after, "relayq_request_decision_seconds_bucket", agent="lookup", le="+Inf")
+    bucket = "relayq_request_decision_seconds_bucket"
+    inf = value(after, bucket, agent="lookup", outcome="answered", le="+Inf")
     assert inf == was + 1
     total = "relayq_request_decision_seconds_sum"
-    waited = (value(after, total, agent="lookup") or 0) - (
-        value(before, total, agent="lookup") or 0
+    waited = (value(after, total, agent="lookup", outcome="answered") or 0) - (
+        value(before, total, agent="lookup", outcome="answered") or 0
     )
     assert 0 <= waited < 60
 
