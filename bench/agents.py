@@ -29,15 +29,22 @@ STEP = define_tool(
     "step", "take one step", {"type": "object", "properties": {"n": {"type": "integer"}}}, step
 )
 
-bench = Agent(
-    "bench",
-    ProviderConfig(
+
+def bench_model(**limits: Any) -> ProviderConfig:
+    """The local model server (RELAYQ_BENCH_MODEL_URL), with provider `limits` if any."""
+    return ProviderConfig(
         style="openai",
         base_url=os.environ.get("RELAYQ_BENCH_MODEL_URL", "http://127.0.0.1:9/v1"),
         model="bench-model",
         api_key_env="RELAYQ_BENCH_KEY",
         timeout=60,
-    ),
+        **limits,
+    )
+
+
+bench = Agent(
+    "bench",
+    bench_model(),
     tools=[STEP],
     max_turns=50,
 )

@@ -29,10 +29,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.agents import STEP
+from bench.agents import STEP, bench_model
 from bench.inflight import free_port, redis_url, start_worker, wait_all, wait_ready
 from relayq import Agent
-from relayq.providers import ProviderConfig
 from tasks import DurableClient, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,14 +40,7 @@ _rpm = os.environ.get("RELAYQ_BENCH_RPM")
 
 limited = Agent(
     "bench-limits",
-    ProviderConfig(
-        style="openai",
-        base_url=os.environ.get("RELAYQ_BENCH_MODEL_URL", "http://127.0.0.1:9/v1"),
-        model="bench-model",
-        api_key_env="RELAYQ_BENCH_KEY",
-        timeout=60,
-        requests_per_minute=int(_rpm) if _rpm else None,
-    ),
+    bench_model(requests_per_minute=int(_rpm) if _rpm else None),
     tools=[STEP],
     max_turns=50,
 )

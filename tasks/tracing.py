@@ -391,25 +391,34 @@ async def turn_span(rt: Runtime, header: str | None, claim: Claim) -> AsyncItera
         yield None
         return
     parent = await _run_context(rt, claim.run_id, header)
-    with _tracer().start_as_current_span(
-        "relayq.turn",
-        context=parent,
-        kind=SpanKind.CONSUMER,
-        attributes={
-            "relayq.run_id": claim.run_id,
-            "relayq.agent": claim.agent,
-            "relayq.turn": claim.turns + 1,
-            "relayq.attempt": claim.attempts + 1,
-        },
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            # The type only: an exception's text may quote a prompt or a key.
-            span.set_status(StatusCode.ERROR, type(exc).__name__)
-            raise
+    with (
+        _tracer().start_as_current_span(
+            "relayq.turn",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "relayq.run_id": claim.run_id,
+                "relayq.agent": claim.agent,
+                "relayq.turn": claim.turns + 1,
+                "relayq.attempt": claim.attempts + 1,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _failed_as_type(span),
+    ):
+        yield span
+
+
+@contextmanager
+def _failed_as_type(span: Span) -> Iterator[None]:
+    """Mark `span` failed with the exception's type only: its text may quote a prompt or
+    a key."""
+    try:
+        yield
+    except BaseException as exc:
+        span.set_status(StatusCode.ERROR, type(exc).__name__)
+        raise
 
 
 @contextmanager
@@ -418,18 +427,17 @@ def model_span(provider: str, model: str) -> Iterator[Span | None]:
     if not enabled():
         yield None
         return
-    with _tracer().start_as_current_span(
-        "relayq.model",
-        kind=SpanKind.CLIENT,
-        attributes={"server.address": provider, "gen_ai.request.model": model},
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            span.set_status(StatusCode.ERROR, type(exc).__name__)
-            raise
+    with (
+        _tracer().start_as_current_span(
+            "relayq.model",
+            kind=SpanKind.CLIENT,
+            attributes={"server.address": provider, "gen_ai.request.model": model},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _failed_as_type(span),
+    ):
+        yield span
 
 
 @asynccontextmanager
