@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from api._auth import Reader, Submitter
+from relayq import Budget
 from relayq.agents import get_agent
 from store import batch_results, batch_status, cancel_batch, list_batches, result_of
 from tasks import DurableClient
@@ -51,6 +52,10 @@ class NewBatch(BaseModel):
     batch_id: str | None = Field(default=None, min_length=1, max_length=200)
     """Post more jobs to it, or post it again after a failure: no job starts twice."""
     restart_changed: bool = False
+    budget: Budget | None = None
+    """What all the batch's runs together may spend (a later post's replaces it)."""
+    run_budget: Budget | None = None
+    """What each run may spend."""
 
     @model_validator(mode="after")
     def _unique(self) -> NewBatch:
@@ -74,6 +79,8 @@ async def start(body: NewBatch, request: Request, who: Submitter) -> dict[str, A
         batch_id=body.batch_id,
         started_by=who.name,
         restart_changed=body.restart_changed,
+        budget=body.budget,
+        run_budget=body.run_budget,
     )
     return {"id": started.batch_id, "runs": started.runs, "started": started.started}
 

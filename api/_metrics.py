@@ -36,7 +36,8 @@ METRICS_TOKEN_ENV = "RELAYQ_METRICS_TOKEN"
 
 
 def _queues() -> list[str]:
-    """relayq's queues, and those of the agents this process knows."""
+    """relayq's queues, and those of the agents this process knows (`StoreGauges` adds the
+    active batches' queues, as the store names them)."""
     return [*QUEUES, *sorted({a.queue for a in registered_agents().values()} - set(QUEUES))]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -16,18 +16,18 @@ from api._answers import AnswerBody, answer_request, stored_request
 from api._approvals import decider_of
 from api._auth import Answerer, Reader, Submitter
 from api._events import event_stream
-from relayq import RunResult
+from relayq import Budget, RunResult
 from relayq.agents import get_agent
-from store import BadQuery, RequestPage, RunRow, StoredRequest
+from store import BadQuery, RequestPage, StoredRequest
 from store.paging import DEFAULT_PAGE, MAX_PAGE
+from store.queries import RunSummary
 from store.requests import RequestSort, SortOrder
+from store.transitions import RunStatus
 from tasks import DurableClient
 
 __all__ = ["router"]
 
-RunStatusQuery = Literal[
-    "queued", "running", "pending", "done", "failed", "cancelled", "incomplete"
-]
+RunStatusQuery = RunStatus
 
 
 class _Camel(BaseModel):
@@ -46,29 +46,12 @@ class NewRun(BaseModel):
     """The batch the run is a job of, if any: shown with its requests in the inbox."""
     job_id: str | None = Field(default=None, min_length=1, max_length=200)
     """The job's id within its batch."""
+    budget: Budget | None = None
+    """What the run may spend, in place of its agent's budget."""
 
 
 class Created(BaseModel):
     id: str
-
-
-class RunSummary(_Camel):
-    """A run without its transcript; `GET /api/runs/{id}` has the whole RunResult."""
-
-    id: str
-    agent: str
-    status: str
-    conversation_id: str
-    turns: int
-    text: str | None
-    error: str | None
-    cancel_requested: bool
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def of(cls, row: RunRow) -> RunSummary:
-        return cls.model_validate(row.model_dump())
 
 
 class Cancelled(_Camel):
@@ -100,6 +83,7 @@ async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
         started_by=who.name,
         batch_id=body.batch_id,
         job_id=body.job_id,
+        budget=body.budget,
     )
     return Created(id=run_id)
 

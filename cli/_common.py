@@ -32,7 +32,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.exc import OperationalError as DatabaseError
 
 from cli._workers import Serving, ping_broker, queue_of, workers_on
-from relayq import RelayqError
+from relayq import Budget, RelayqError
 from relayq.agents import AgentError, load_agents, registered_agents
 from store import Database
 from tasks.client import DurableClient
@@ -98,6 +98,34 @@ def console() -> Console:
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = PIPE_WIDTH
     return out
+
+
+MaxTokens = Annotated[
+    int | None, typer.Option("--max-tokens", help="The most tokens the run may spend.")
+]
+MaxCost = Annotated[
+    float | None,
+    typer.Option("--max-cost", help="The most the run may cost, in the provider's prices' unit."),
+]
+OverBudget = Annotated[
+    str,
+    typer.Option(
+        "--over-budget",
+        help="Past the budget: ask (a `budget` request a person decides) or end (over_budget).",
+    ),
+]
+
+
+def budget_of(tokens: int | None, cost: float | None, over: str, *, what: str) -> Budget | None:
+    """A budget from the command's options (None without a limit); a bad one is one line."""
+    if tokens is None and cost is None:
+        return None
+    if over not in ("ask", "end"):
+        fail(f"--over-budget is ask or end, not {over!r}")
+    for name, value in (("tokens", tokens), ("cost", cost)):
+        if value is not None and value <= 0:
+            fail(f"{what} {name} must be more than 0, not {value}")
+    return Budget(tokens=tokens, cost=cost, on_exceed="ask" if over == "ask" else "end")
 
 
 def fail(message: str) -> NoReturn:
@@ -306,6 +334,14 @@ def no_worker_line(agent: str, serving: Serving, current: Settings) -> str | Non
     """The warning for a queue no worker consumes; None when one does."""
     if serving.served:
         return None
+    if serving.others and serving.batches:
+        count = len(serving.others)
+        return (
+            f"{count} worker{'s' if count > 1 else ''} running, none taking the turns of the "
+            f"batches of agent {agent!r} (queue {serving.queue}; RELAYQ_WORKER_BATCHES=skip "
+            f"keeps a worker off them); start one: "
+            f"{worker_command(current, serving.queue, alone=False)}"
+        )
     if serving.others:
         count = len(serving.others)
         return (
@@ -327,8 +363,11 @@ def no_worker_line(agent: str, serving: Serving, current: Settings) -> str | Non
     )
 
 
-def warn_if_no_worker(agent: str, current: Settings, *, db: Database | None = None) -> bool:
-    """Ask the workers, in about a second, whether one consumes `agent`'s queue; True if so.
+def warn_if_no_worker(
+    agent: str, current: Settings, *, db: Database | None = None, batches: bool = False
+) -> bool:
+    """Ask the workers, in about a second, whether one consumes `agent`'s queue (with
+    `batches`: whether one takes the turns of its batches); True if so.
 
     If none does, say so on stderr in one `relayq: warning:` line with the
     command that starts one, and return False; the caller goes on waiting. With
@@ -337,7 +376,7 @@ def warn_if_no_worker(agent: str, current: Settings, *, db: Database | None = No
     The agent's module must be loaded (`known_agent`).
     """
     try:
-        serving = workers_on(current, queue_of(agent), db=db)
+        serving = workers_on(current, queue_of(agent), db=db, batches=batches)
     except _BROKER_DOWN as exc:
         fail(broker_down(current, exc))
     line = no_worker_line(agent, serving, current)

@@ -5,7 +5,10 @@ no worker will ever take is said to be so within seconds, not waited on in
 silence. Celery's own broadcast (`inspect().active_queues()`) answers for
 every worker on the broker and key prefix, whatever started it; the store's
 heartbeats (`store.workers`) tell a worker that did not answer (busy, or on
-another broker or prefix) from no worker at all.
+another broker or prefix) from no worker at all. For a batch's turns, which
+wait in the batch's own queue (`store.batch_queues`), each worker is asked
+instead which queues' batches it takes (`workers.batch_queues`): one started
+with `RELAYQ_WORKER_BATCHES=skip` takes none.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ class Serving:
     """Who consumes a queue, as the workers answered one broadcast."""
 
     queue: str
+    batches: bool = False
+    """Asked about the batch turns of `queue` (they go to each batch's own queue)."""
     consumers: tuple[str, ...] = ()
-    """Workers (Celery node names, `celery@host`) that consume `queue`."""
+    """Workers (Celery node names, `celery@host`) that consume `queue` (or its batches')."""
     others: tuple[str, ...] = ()
     """Workers that answered but consume other queues only."""
     beating: int = 0
@@ -64,9 +69,15 @@ def ping_broker(settings: Settings) -> None:
 
 
 def workers_on(
-    settings: Settings, queue: str, *, db: Database | None = None, timeout: float = 1.0
+    settings: Settings,
+    queue: str,
+    *,
+    db: Database | None = None,
+    timeout: float = 1.0,
+    batches: bool = False,
 ) -> Serving:
-    """Ask every worker on the broker which queues it consumes; takes `timeout` seconds.
+    """Ask every worker on the broker which queues it consumes (with `batches`: whose
+    batches' queues it consumes); takes `timeout` seconds.
 
     With `db`, also count the worker processes beating in the store. Raises
     kombu's OperationalError (or OSError) when the broker does not answer.
@@ -75,19 +86,34 @@ def workers_on(
     try:
         with app.connection_for_write() as conn:
             _connect(conn)
-            replies = app.control.inspect(timeout=timeout, connection=conn).active_queues()
+            if batches:
+                answers = app.control.broadcast(
+                    "relayq_batch_queues", reply=True, timeout=timeout, connection=conn
+                )
+                replies = {name: _batch_bases(r) for a in answers or [] for name, r in a.items()}
+            else:
+                found = app.control.inspect(timeout=timeout, connection=conn).active_queues()
+                replies = {
+                    name: [str(q.get("name")) for q in queues or []]
+                    for name, queues in (found or {}).items()
+                }
     finally:
         app.close()
-    consuming = {
-        name for name, queues in (replies or {}).items()
-        if any(q.get("name") == queue for q in queues or [])
-    }  # fmt: skip
+    consuming = {name for name, queues in replies.items() if queue in queues}
     return Serving(
         queue=queue,
+        batches=batches,
         consumers=tuple(sorted(consuming)),
-        others=tuple(sorted(set(replies or {}) - consuming)),
+        others=tuple(sorted(set(replies) - consuming)),
         beating=0 if db is None else _beating(db, settings),
     )
+
+
+def _batch_bases(reply: object) -> list[str]:
+    """The queues whose batches a worker takes, from its `relayq_batch_queues` reply."""
+    if not isinstance(reply, dict):  # not a worker of ours: an error, not an answer
+        return []
+    return [str(q) for q in reply.get("queues") or []]
 
 
 def _connect(conn: object) -> None:

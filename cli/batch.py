@@ -22,6 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlmodel import col, select
 
 from cli._common import (
+    OverBudget,
+    budget_of,
     check_broker,
     fail,
     known_agent,
@@ -159,6 +161,21 @@ def batch(
             help="Start anew the jobs whose prompt changed since their run started.",
         ),
     ] = False,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", help="The most tokens all the batch's runs may spend."),
+    ] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option("--max-cost", help="The most all the batch's runs may cost."),
+    ] = None,
+    run_max_tokens: Annotated[
+        int | None, typer.Option("--run-max-tokens", help="The most tokens each run may spend.")
+    ] = None,
+    run_max_cost: Annotated[
+        float | None, typer.Option("--run-max-cost", help="The most each run may cost.")
+    ] = None,
+    over_budget: OverBudget = "ask",
 ) -> None:
     """Run an agent once per job and write each job's outcome.
 
@@ -167,7 +184,13 @@ def batch(
     are {"id", "run_id", "status", "text", "error"}. Re-running the same command
     starts nothing for jobs already started (state in OUTPUT.runs). Exits 0 when
     every job is done, 1 otherwise.
+
+    Budgets (--max-tokens, --max-cost for the batch; --run-max-* for each run): past
+    one, a run asks for more with a `budget` request, one for the whole batch, or
+    with --over-budget end, ends over_budget.
     """
+    budget = budget_of(max_tokens, max_cost, over_budget, what="--max")
+    run_budget = budget_of(run_max_tokens, run_max_cost, over_budget, what="--run-max")
     jobs = read_jobs(jobs_file)
     current = settings()
     known_agent(agent, current)
@@ -192,13 +215,15 @@ def batch(
             [(job.key, job.prompt) for job in todo],
             batch_id=batch_id,
             restart_changed=restart_changed,
+            budget=budget,
+            run_budget=run_budget,
         )
         runs.update(started.runs)
         _save_sidecar(sidecar, agent, batch_id, runs)
         fresh, before = len(started.started), len(jobs) - len(started.started)
         err.print(f"batch {batch_id}: {len(jobs)} jobs: {fresh} started, {before} already started")
         if started.started:  # say at once when nothing will take them
-            await asyncio.to_thread(warn_if_no_worker, agent, current, db=client.db)
+            await asyncio.to_thread(warn_if_no_worker, agent, current, db=client.db, batches=True)
         return await _watch(client.db, jobs, runs, output, timeout=timeout, err=err)
 
     states = run_with_client(go, current)

@@ -19,6 +19,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from cli._common import console, run_with_client
+from relayq import Budget
 from store import (
     BatchStatus,
     batch_results,
@@ -82,7 +83,7 @@ def status(
     batch_id: Annotated[str, typer.Argument(help="The batch's id (`relayq batches`).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Where one batch stands: runs by status, open requests, tokens, rate and ETA."""
+    """Where one batch stands: runs by status, open requests, tokens, cost, budget, rate, ETA."""
     found = status_of(_load(lambda db: batch_status(db, batch_id)))
     out = console()
     if as_json:
@@ -93,7 +94,13 @@ def status(
     eta = "-" if found["etaSeconds"] is None else f"{found['etaSeconds']} s"
     out.print(f"batch {found['id']} of agent {found['agent']}, created {found['createdAt']}")
     out.print(f"{found['jobs']} jobs: {counts}")
-    out.print(f"{found['openRequests']} open requests; {found['tokens']} tokens")
+    out.print(
+        f"{found['openRequests']} open requests; {found['tokens']:,} tokens; cost {found['cost']:g}"
+    )
+    if found["budget"]:
+        limits = Budget.model_validate(found["budget"]).describe()
+        state = "; over budget: raising it was declined" if found["overBudget"] else ""
+        out.print(f"budget {limits}{state}")
     out.print(f"rate {rate}; eta {eta}")
     if found["cancelledAt"]:
         out.print(f"cancelled at {found['cancelledAt']}")

@@ -43,6 +43,7 @@ from rich.table import Table
 
 from cli.demo_stack import Stack, build_stack, forget_keys, keep_running, stopped_by_signals
 from relayq.demo import QUORUM_ABOVE, order_record
+from store.models import FINISHED
 from tasks import Settings
 from tasks.webhooks import verify_signature
 from workers.embedded import ensure_embedded_redis, stop_embedded_redis
@@ -51,8 +52,6 @@ __all__ = ["main"]
 
 LIMIT = 150.0
 """Refunds up to this amount are approved; larger ones are declined."""
-
-FINISHED = ("done", "failed", "cancelled", "incomplete")
 
 console = Console()
 

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, cast
 
 import typer
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -20,11 +19,15 @@ from rich.text import Text
 from cli._common import (
     AgentFilter,
     GroupFilter,
+    MaxCost,
+    MaxTokens,
     OlderThanFilter,
+    OverBudget,
     SearchFilter,
     ToolFilter,
     WorkerWatch,
     age_of,
+    budget_of,
     check_broker,
     console,
     fail,
@@ -47,13 +50,13 @@ from store import (
     settled,
 )
 from store.paging import DEFAULT_PAGE, MAX_PAGE
+from store.queries import RunSummary
 from store.requests import STATUSES as STORED_STATUSES
 from store.requests import RequestSort, SortOrder
+from store.transitions import STATUSES
 from tasks.client import DurableClient, WaitTimeout
 
 __all__ = ["answer", "cancel", "pending", "run", "runs", "show"]
-
-STATUSES = ("queued", "running", "pending", "done", "failed", "cancelled", "incomplete")
 
 
 def run(
@@ -63,21 +66,28 @@ def run(
         float | None,
         typer.Option(help="Give up waiting after this many seconds (the run goes on)."),
     ] = None,
+    max_tokens: MaxTokens = None,
+    max_cost: MaxCost = None,
+    over_budget: OverBudget = "ask",
 ) -> None:
     """Start a run, print its transcript as it grows, then its text or the request it waits on.
+
+    --max-tokens and --max-cost give the run a budget in place of its agent's; past
+    it the run asks for more with a `budget` request (or, --over-budget end, ends).
 
     Exits 0 when the run is done or pending on the host, 1 when it failed, was
     cancelled, ran out of turns, or did not settle within --timeout. A broker
     that does not answer is an error before anything is started; a run that no
     worker consumes is said to be so on stderr, with the command that starts one.
     """
+    budget = budget_of(max_tokens, max_cost, over_budget, what="--max")
     current = settings()
     known_agent(agent, current)
     check_broker(current)
     out = console()
 
     async def go(client: DurableClient) -> RunResult:
-        run_id = await client.start(agent, prompt)
+        run_id = await client.start(agent, prompt, budget=budget)
         out.print(Text.assemble(("run ", "dim"), (run_id, "bold"), (f"  agent {agent}", "dim")))
         watch = WorkerWatch(agent, current, client.db)
         try:
@@ -426,7 +436,7 @@ def runs(
         fail(f"unknown status {status!r}; one of {', '.join(STATUSES)}")
     rows = run_with_client(lambda c: c.runs(status, agent=agent, limit=limit))
     if as_json:
-        summaries = [RunSummary.model_validate(row.model_dump()) for row in rows]
+        summaries = [RunSummary.of(row) for row in rows]
         typer.echo(_SUMMARIES.dump_json(summaries, by_alias=True, indent=2).decode())
         return
     out = console()
@@ -451,23 +461,6 @@ def runs(
 # --- --json: the API's shapes and keys (camelCase), so a script reads both alike --------------
 
 
-class RunSummary(BaseModel):
-    """A run without its transcript, as `GET /api/runs` lists it."""
-
-    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True)
-
-    id: str
-    agent: str
-    status: str
-    conversation_id: str
-    turns: int
-    text: str | None
-    error: str | None
-    cancel_requested: bool
-    created_at: datetime
-    updated_at: datetime
-
-
 _SUMMARIES = TypeAdapter(list[RunSummary])
 
 
@@ -476,7 +469,7 @@ def _run_json(row: RunRow, result: RunResult, requests: list[StoredRequest]) -> 
     messages, pending, turns, usage, runId, error), with its summary's fields beside them
     (agent, conversationId, cancelRequested, createdAt, updatedAt) and its requests, oldest
     first, each as `GET /api/requests` lists it."""
-    summary = RunSummary.model_validate(row.model_dump())
+    summary = RunSummary.of(row)
     shown: dict[str, Any] = result.model_dump(mode="json", by_alias=True)
     for key, value in summary.model_dump(mode="json", by_alias=True).items():
         shown.setdefault(key, value)

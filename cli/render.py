@@ -25,6 +25,7 @@ _STATUS_STYLES = {
     "failed": "red",
     "cancelled": "red",
     "incomplete": "red",
+    "over_budget": "red",
     "running": "cyan",
     "queued": "cyan",
 }

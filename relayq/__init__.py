@@ -36,6 +36,7 @@ from relayq._types import (
     pending,
 )
 from relayq.agents import Agent, AgentError, UnknownAgent
+from relayq.budgets import Budget
 from relayq.builtins import BUILTIN_NAMES, BuiltinsConfig
 from relayq.client import InMemoryConversationStore, create_in_process_client
 
@@ -59,6 +60,7 @@ __all__ = [
     "pending",
     # Running
     "Agent",
+    "Budget",
     "InMemoryConversationStore",
     "InProcessRequest",
     "InProcessResponse",

@@ -33,7 +33,9 @@ __all__ = [
     "pending",
 ]
 
-RunStatus = Literal["done", "pending", "incomplete", "queued", "running", "failed", "cancelled"]
+RunStatus = Literal[
+    "done", "pending", "incomplete", "queued", "running", "failed", "cancelled", "over_budget"
+]
 
 
 def new_id(prefix: str) -> str:

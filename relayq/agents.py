@@ -30,6 +30,8 @@ from relayq._errors import RelayqError
 from relayq._model import Generate, Model, as_model
 from relayq._toolkit import Toolkit, create_toolkit
 from relayq._tools import Tool
+from relayq._types import Usage
+from relayq.budgets import Budget
 from relayq.builtins import BuiltinsConfig
 from relayq.providers import ProviderConfig, ProviderModel
 
@@ -74,6 +76,7 @@ class Agent:
 
     Three keywords set the agent's policy on the workers: `retries` and
     `turn_time_limit` default to the worker's settings, `queue` to `relayq.turns`.
+    `budget` caps what each of its runs may spend, unless a run is given its own.
 
         Agent("support", generate, retries=2, turn_time_limit=timedelta(minutes=2),
               queue="relayq.turns.support")  # python -m workers -Q relayq.turns.support
@@ -95,6 +98,7 @@ class Agent:
         retries: int | None = None,
         turn_time_limit: timedelta | None = None,
         queue: str = DEFAULT_QUEUE,
+        budget: Budget | None = None,
         register: bool = True,
     ) -> None:
         if max_turns < 1:
@@ -119,6 +123,8 @@ class Agent:
         self.queue = queue
         """The Celery queue this agent's turns go to; a worker serves it when started with
         `-Q` naming it."""
+        self.budget = budget
+        """What each run may spend unless it is given its own budget (`relayq.budgets`)."""
         self._site = _definition_site()
         self.provider: ProviderModel | None = None
         if isinstance(model, ProviderConfig):
@@ -143,6 +149,10 @@ class Agent:
                 builtins=self.builtins, extra_tools=self.tools, base_dir=self.base_dir
             )
         return self._toolkit
+
+    def cost_of(self, usage: Usage) -> float | None:
+        """What `usage` of this agent's model cost, by its provider's prices; None without."""
+        return self.provider.config.cost_of(usage) if self.provider is not None else None
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r})"

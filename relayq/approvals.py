@@ -39,6 +39,7 @@ from relayq._types import Answer, Request, ToolResult
 
 __all__ = [
     "APPROVAL_KIND",
+    "BUDGET_KIND",
     "Decision",
     "EscalationStep",
     "OnApprovalExpiry",
@@ -51,11 +52,14 @@ __all__ = [
     "diff_arguments",
     "edit",
     "is_approval",
+    "is_tool_approval",
     "policy_of",
     "requires_approval",
 ]
 
 APPROVAL_KIND = "tool_approval"
+BUDGET_KIND = "budget"
+"""A run asking to spend more than its budget (`relayq.budgets`): decided as an approval."""
 
 OnApprovalExpiry: TypeAlias = Literal["decline", "escalate", "stay_open"]
 
@@ -143,6 +147,12 @@ def policy_of(request: Request) -> Policy:
 
 
 def is_approval(request: Request) -> bool:
+    """Whether `request` is decided by approve / edit / decline votes: a tool's call
+    awaiting approval, or a run asking for more budget."""
+    return request.kind in (APPROVAL_KIND, BUDGET_KIND)
+
+
+def is_tool_approval(request: Request) -> bool:
     return request.kind == APPROVAL_KIND
 
 
@@ -211,8 +221,9 @@ def _check_schema(request: Request, arguments: dict[str, Any]) -> None:
     if errors:
         first = errors[0]
         where = ".".join(str(p) for p in first.absolute_path) or "(the arguments)"
+        fits = "the budget's limits" if request.kind == BUDGET_KIND else "the tool's schema"
         raise AnswerMismatch(
-            f"the edited arguments of {request.id} do not fit the tool's schema: "
+            f"the edited arguments of {request.id} do not fit {fits}: "
             f"{where}: {first.message[:200]}",
             request.id,
         )

@@ -54,6 +54,7 @@ from store.turns import (
     fail_run,
     finish_cancelled,
     finish_turn,
+    requeue_turn,
     retry_turn,
     save_reply,
 )
@@ -89,6 +90,7 @@ __all__ = [
     "ledger_put",
     "ledger_start",
     "request_of",
+    "requeue_turn",
     "retry_turn",
     "run_result",
     "save_reply",

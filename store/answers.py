@@ -25,7 +25,7 @@ from relayq import (
     ResumeError,
     UnknownRequest,
 )
-from relayq.approvals import is_approval
+from relayq.approvals import BUDGET_KIND, is_approval
 from relayq.limits import check_answer
 from relayq.loop import apply_answer
 from relayq.relay import (
@@ -37,6 +37,7 @@ from relayq.relay import (
     relay_results_of,
 )
 from store.audit import SYSTEM, Decider, Outcome, record_decision
+from store.budgets import budget_answered
 from store.db import Database
 from store.events import emit_about
 from store.messages import conversation, write_messages
@@ -263,6 +264,8 @@ def apply_answer_of(db: Database, request_id: str) -> list[OutboxRow]:
         row.applied = True
         if run is None or run.status != "pending":
             return []
+        if row.kind == BUDGET_KIND:
+            return budget_answered(s, row, run)  # the transcript is not touched
         before = conversation(s, run.conversation_id)
         # The answer was accepted in time; its moment of acceptance is what counts.
         moment = row.created_at

@@ -22,6 +22,7 @@ from sqlmodel import Session, col, select
 from relayq import RelayqError
 from relayq._types import new_id
 from relayq.limits import check_run_input
+from store.batch_queues import batch_queue_name
 from store.db import Database
 from store.models import (
     FINISHED,
@@ -32,6 +33,7 @@ from store.models import (
     RunRow,
     utcnow,
 )
+from store.outbox import TURN_QUEUE
 from store.runs import cancel_locked, insert_runs
 
 __all__ = [
@@ -100,12 +102,18 @@ def start_batch(
     tools_digest: str | None = None,
     queue: str | None = None,
     restart_changed: bool = False,
+    budget: dict[str, Any] | None = None,
+    run_budget: dict[str, Any] | None = None,
 ) -> Started:
     """Start the jobs (`(job id, prompt)`, in input order) of batch `batch_id` (a new
     batch if None or unknown) that have no run yet; the others keep theirs.
 
     JobChanged, starting nothing, for a job whose prompt changed since its run
     started, unless `restart_changed`; or for a batch of another agent.
+    Every turn of the batch's runs goes to the batch's own queue, named from `queue`
+    (the agent's, by default `relayq.turns`) when the batch is new (`store.batch_queues`).
+    `budget` (`relayq.budgets.Budget` wire) is what all the batch's runs together may
+    spend (a rerun's, if given, replaces it); `run_budget` what each run it starts may.
     """
     check_run_input(agent=agent, prompts=[prompt for _, prompt in jobs])
     ids = [job for job, _ in jobs]
@@ -115,7 +123,16 @@ def start_batch(
     for attempt in range(3):
         try:
             return _start(
-                db, agent, jobs, batch_id, started_by, options, tools_digest, queue, restart_changed
+                db,
+                agent,
+                jobs,
+                batch_id,
+                started_by,
+                options,
+                tools_digest,
+                queue,
+                restart_changed,
+                (budget, run_budget),
             )
         except IntegrityError:
             # Another starter of the same new batch won the race to create it (or a
@@ -135,7 +152,9 @@ def _start(
     tools_digest: str | None,
     queue: str | None,
     restart_changed: bool,
+    budgets: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None),
 ) -> Started:
+    budget, run_budget = budgets
     ids = [job for job, _ in jobs]
     now = utcnow()
     with db.write() as s:
@@ -147,6 +166,7 @@ def _start(
                 started_by=started_by,
                 options=options or {},
                 created_at=now,
+                queue=batch_queue_name(queue or TURN_QUEUE, batch_id),
             )
             s.add(batch)
         elif batch.agent != agent:
@@ -154,6 +174,8 @@ def _start(
                 f"batch {batch_id} runs agent {batch.agent!r}, not {agent!r}; nothing was started"
             )
             raise JobChanged(batch_id, [], message)
+        if budget is not None:
+            batch.budget = budget
         current = _current_runs(s, batch_id)
         changed = [job for job, prompt in jobs if job in current and current[job][1] != prompt]
         if changed and not restart_changed:
@@ -173,10 +195,13 @@ def _start(
             agent=agent,
             runs=runs,
             tools_digest=tools_digest,
-            queue=queue,
+            # A rerun keeps the queue the batch started with (a batch older than
+            # batch queues has none: its runs go to their agent's).
+            queue=batch.queue or queue,
             started_by=started_by,
             batch_id=batch_id,
             jobs=[(n, job) for n, job, _ in todo],
+            budget=run_budget,
         )
         batch.jobs = len(set(current) | set(ids))
         started = {job: run_id for (_, job, _), (run_id, _) in zip(todo, runs, strict=True)}
@@ -217,6 +242,8 @@ class BatchStatus:
     """Current runs by status."""
     open_requests: int
     tokens: int
+    cost: float
+    """What its runs' model calls cost, by the provider's prices (0: no price)."""
     finished_at: datetime | None
     """When the last of its runs finished, once all have."""
     last_change: datetime | None
@@ -243,6 +270,9 @@ class BatchStatus:
             "finished": self.finished,
             "openRequests": self.open_requests,
             "tokens": self.tokens,
+            "cost": round(self.cost, 6),
+            "budget": batch.budget,
+            "overBudget": batch.over_budget,
             "perMinute": None if rate is None else round(rate, 2),
             "etaSeconds": None if eta is None else round(eta),
             "finishedAt": None if self.finished_at is None else self.finished_at.isoformat(),
@@ -275,10 +305,12 @@ def _status(s: Session, batch: BatchRow) -> BatchStatus:
     counts = dict(
         s.exec(select(RunRow.status, func.count()).where(*current).group_by(RunRow.status)).all()
     )
-    tokens, last = s.exec(
-        select(func.coalesce(func.sum(RunRow.total_tokens), 0), func.max(RunRow.updated_at)).where(
-            *current
-        )
+    tokens, cost, last = s.exec(
+        select(
+            func.coalesce(func.sum(RunRow.total_tokens), 0),
+            func.coalesce(func.sum(RunRow.cost), 0.0),
+            func.max(RunRow.updated_at),
+        ).where(*current)
     ).one()
     waiting = s.exec(
         select(func.count())
@@ -292,6 +324,7 @@ def _status(s: Session, batch: BatchRow) -> BatchStatus:
         counts={str(k): int(v) for k, v in counts.items()},
         open_requests=int(waiting),
         tokens=int(tokens or 0),
+        cost=float(cost or 0.0),
         finished_at=last if done else None,
         last_change=last,
     )

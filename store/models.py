@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 # Every state a durable run can be in.
-RunState = str  # queued | running | pending | done | failed | cancelled | incomplete
-FINISHED = ("done", "failed", "cancelled", "incomplete")
+RunState = str  # queued | running | pending | done | failed | cancelled | incomplete | over_budget
+FINISHED = ("done", "failed", "cancelled", "incomplete", "over_budget")
 
 
 def utcnow() -> datetime:
@@ -116,6 +116,12 @@ class RunRow(SQLModel, table=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cost: float = 0.0
+    """What the run's model calls cost, in the unit of the provider's prices (0: no price)."""
+    budget: dict[str, Any] | None = _json()
+    """The run's budget (`relayq.budgets.Budget` wire), raised when a person allows more."""
+    waiting_on: str | None = Field(default=None, index=True)
+    """The request of another run this pending run waits on: its batch's `budget` request."""
     trace_context: str | None = None
     """The run's trace (a W3C `traceparent`), when tracing is on: every span of the run
     (turns, suspensions, decisions, resumes) joins it (`tasks.tracing`)."""
@@ -136,6 +142,16 @@ class BatchRow(SQLModel, table=True):
     options: dict[str, Any] = _json()
     created_at: datetime = _time(index=True, nullable=False)
     cancelled_at: datetime | None = _time()
+    queue: str | None = None
+    """The queue every turn of the batch's runs goes to (`store.batch_queues`), named from
+    its agent's queue when the batch started; None for a batch older than batch queues."""
+    budget: dict[str, Any] | None = _json()
+    """The most all the batch's runs together may spend (`relayq.budgets.Budget` wire)."""
+    spent_tokens: int = 0
+    spent_cost: float = 0.0
+    """What the batch's runs have spent: kept only when the batch has a budget."""
+    over_budget: bool = False
+    """A person declined to raise the batch's budget: its runs end at their next call."""
 
 
 class MessageRow(SQLModel, table=True):

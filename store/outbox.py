@@ -15,6 +15,7 @@ from sqlalchemy import Connection, bindparam, insert
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
+from store.batch_queues import batch_queue_or, is_batch_queue
 from store.db import Database
 from store.models import OutboxRow, utcnow
 
@@ -44,6 +45,13 @@ MAINTENANCE_QUEUE = "relayq.maintenance"
 
 _TABLE = OutboxRow.__table__  # type: ignore[attr-defined]
 _INSERT = insert(_TABLE).returning(_TABLE.c.id)
+# The worker names its agent's queue for every turn it queues, and a batch's run must not
+# leave its batch's queue for it: the INSERT itself picks the batch's queue, if any.
+_INSERT_KEEPING_BATCH = (
+    insert(_TABLE)
+    .values(queue=batch_queue_or(bindparam("named")))
+    .returning(_TABLE.c.id, _TABLE.c.queue)
+)
 _LAST_QUEUE = (
     sa_select(_TABLE.c.queue)
     .where(_TABLE.c.run_id == bindparam("rid"), _TABLE.c.task == TURN_TASK)
@@ -65,11 +73,12 @@ def enqueue_turn(
 
     With no `queue` the turn goes where the run's previous turn went, else to
     `relayq.turns`: the store knows no agents, so a turn queued without one (an
-    answer applied, a run taken over from a dead worker) follows its run.
+    answer applied, a run taken over from a dead worker) follows its run. A run
+    of a batch keeps to its batch's queue (`store.batch_queues`) whatever its
+    agent's queue is.
     """
     values: dict[str, Any] = {
         "task": TURN_TASK,
-        "queue": queue or _last_queue(session, run_id),
         "args": [run_id, version],
         "countdown": countdown,
         "run_id": run_id,
@@ -78,7 +87,12 @@ def enqueue_turn(
         "created_at": utcnow(),
     }
     # A plain INSERT ... RETURNING: the ORM's unit of work costs more than the row.
-    row_id = session.execute(_INSERT, values).scalar_one()
+    if queue is not None and not is_batch_queue(queue):
+        found = session.execute(_INSERT_KEEPING_BATCH, {**values, "named": queue, "rid": run_id})
+        row_id, values["queue"] = found.one()
+    else:
+        values["queue"] = queue or _last_queue(session, run_id)
+        row_id = session.execute(_INSERT, values).scalar_one()
     return OutboxRow(id=row_id, **values)
 
 

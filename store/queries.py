@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+from sqlalchemy import ColumnElement
 from sqlmodel import col, func, select
 
 from relayq import RunResult
@@ -15,7 +19,44 @@ from store.messages import conversation
 from store.models import FINISHED, MessageRow, RequestRow, RunRow
 from store.requests import request_of
 
-__all__ = ["RunView", "get_run", "list_runs", "run_result", "run_view", "settled", "transcript"]
+__all__ = [
+    "RunSummary",
+    "RunView",
+    "get_run",
+    "list_runs",
+    "run_result",
+    "run_view",
+    "settled",
+    "transcript",
+]
+
+
+class RunSummary(BaseModel):
+    """A run without its transcript, as `GET /api/runs` and `relayq runs --json` show it."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
+    )
+
+    id: str
+    agent: str
+    status: str
+    conversation_id: str
+    turns: int
+    total_tokens: int
+    cost: float
+    """What the run's model calls cost, by the provider's prices (0: no price)."""
+    budget: dict[str, Any] | None
+    """The run's own budget (`relayq.budgets.Budget` wire), if it has one."""
+    text: str | None
+    error: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, row: RunRow) -> RunSummary:
+        return cls.model_validate(row.model_dump())
 
 
 def transcript(db: Database, conversation_id: str) -> list[dict[str, Any]]:
@@ -38,9 +79,16 @@ def settled(db: Database, run_id: str) -> tuple[str, bool]:
         if run.status != "pending":
             return run.status, False
         waiting = s.exec(
-            select(RequestRow.id).where(RequestRow.run_id == run_id, RequestRow.status == "open")
+            select(RequestRow.id).where(_waits_on(run), RequestRow.status == "open")
         ).first()
         return run.status, waiting is not None
+
+
+def _waits_on(run: RunRow) -> ColumnElement[bool]:
+    """The requests the run waits on: its own, or its batch's budget request another asked."""
+    if run.waiting_on is not None:
+        return col(RequestRow.id) == run.waiting_on
+    return col(RequestRow.run_id) == run.id
 
 
 def list_runs(
@@ -77,7 +125,7 @@ def run_result(db: Database, run_id: str) -> RunResult:
         ).first()
         messages = conversation(s, run.conversation_id, upto=last)
         pending = s.exec(
-            select(RequestRow).where(RequestRow.run_id == run_id, RequestRow.status == "open")
+            select(RequestRow).where(_waits_on(run), RequestRow.status == "open")
         ).first()
     return RunResult(
         status=run.status,

@@ -17,13 +17,15 @@ from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from relayq import Answer, Request, UnknownRequest
-from relayq.approvals import Policy, is_approval, policy_of
+from relayq.approvals import BUDGET_KIND, Policy, is_approval, policy_of
 from relayq.relay import RELAY_KIND, is_relay_request, relay_calls_of
 from store.db import Database
 from store.events import emit_about
 from store.messages import storable_text
-from store.models import RequestRow, RunRow
+from store.models import OutboxRow, RequestRow, RunRow, utcnow
+from store.outbox import enqueue_turn
 from store.paging import DEFAULT_PAGE, MAX_PAGE, BadQuery, Page, decode_cursor, encode_cursor
+from store.transitions import move
 
 __all__ = [
     "STATUSES",
@@ -40,7 +42,9 @@ __all__ = [
     "list_requests",
     "open_request",
     "query_requests",
+    "release_waiters",
     "request_of",
+    "waiters_of",
 ]
 
 
@@ -155,6 +159,13 @@ def request_of(row: RequestRow) -> Request:
 
 
 def cancel_requests(s: Session, run_id: str) -> None:
+    """Close the run's open requests. Runs waiting on one of them (its batch's `budget`
+    request) go back to their queue to look again; the sweeper sends their turns."""
+    closing = s.exec(
+        select(RequestRow.id).where(
+            RequestRow.run_id == run_id, RequestRow.status == "open", RequestRow.kind == BUDGET_KIND
+        )
+    ).all()
     # Compare-and-swap: only requests still open; an answered one stays answered.
     table = RequestRow.__table__  # type: ignore[attr-defined]
     s.execute(
@@ -162,6 +173,30 @@ def cancel_requests(s: Session, run_id: str) -> None:
         .where(table.c.run_id == run_id, table.c.status == "open")
         .values(status="cancelled", outcome="cancelled")
     )
+    if closing:
+        release_waiters(s, list(closing), utcnow())
+
+
+def waiters_of(s: Session, request_ids: Sequence[str]) -> list[RunRow]:
+    """The runs waiting on these requests of other runs (a batch's `budget` request), locked."""
+    return list(
+        s.exec(
+            select(RunRow)
+            .where(col(RunRow.waiting_on).in_(request_ids), RunRow.status == "pending")
+            .order_by(col(RunRow.id))
+            .with_for_update()
+        )
+    )
+
+
+def release_waiters(s: Session, request_ids: Sequence[str], now: datetime) -> list[OutboxRow]:
+    """Queue the next turn of each run waiting on these requests; returns the messages."""
+    outbox = []
+    for run in waiters_of(s, request_ids):
+        move(s, run, "queued", now=now, waiting_on=None)
+        label = f"run={run.id} agent={run.agent} turn={run.turns + 1}"
+        outbox.append(enqueue_turn(s, run.id, run.version, label=label))
+    return outbox
 
 
 def get_requests(db: Database, request_ids: Sequence[str]) -> dict[str, StoredRequest]:

@@ -44,12 +44,14 @@ def create_run(
     started_by: str | None = None,
     batch_id: str | None = None,
     job_id: str | None = None,
+    budget: dict[str, Any] | None = None,
 ) -> OutboxRow:
     """A queued run with its prompt; continues `conversation_id` if it names one.
 
     Its first turn goes to `queue` (its agent's), by default `relayq.turns`;
     `started_by` names who asked (an approval may forbid them to approve it);
-    `batch_id` and `job_id` say which batch's job it is.
+    `batch_id` and `job_id` say which batch's job it is; `budget` is the run's own
+    (`relayq.budgets.Budget` wire), in place of its agent's.
     """
     check_run_input(agent=agent, prompts=[prompt], conversation_id=conversation_id)
     now = utcnow()
@@ -64,6 +66,7 @@ def create_run(
             started_by=started_by,
             batch_id=batch_id,
             job_ids=None if job_id is None else [job_id],
+            budget=budget,
         )[0]
     with db.write() as s:
         history = conversation(s, conv)
@@ -78,6 +81,7 @@ def create_run(
             started_by=started_by,
             batch_id=batch_id,
             job_id=job_id,
+            budget=budget,
             created_at=now,
             updated_at=now,
         )
@@ -97,6 +101,7 @@ def create_runs(
     started_by: str | None = None,
     batch_id: str | None = None,
     job_ids: list[str] | None = None,
+    budget: dict[str, Any] | None = None,
 ) -> list[OutboxRow]:
     """Many queued runs, each a new conversation, in one transaction: `runs` is (id, prompt);
     `job_ids`, if given, one per run (the jobs of batch `batch_id`)."""
@@ -114,6 +119,7 @@ def create_runs(
             started_by=started_by,
             batch_id=batch_id,
             jobs=jobs,
+            budget=budget,
         )
 
 
@@ -127,9 +133,10 @@ def insert_runs(
     started_by: str | None,
     batch_id: str | None = None,
     jobs: list[tuple[int, str]] | None = None,
+    budget: dict[str, Any] | None = None,
 ) -> list[OutboxRow]:
     """Insert queued runs, their prompts and first turns' messages on `conn`; `jobs` is
-    (index, job id) per run, for a batch's."""
+    (index, job id) per run, for a batch's; `budget` is each run's own."""
     if not runs:
         return []
     now = utcnow()
@@ -145,6 +152,7 @@ def insert_runs(
             batch_id=batch_id,
             job_id=job,
             job_index=index,
+            budget=budget,
             created_at=now,
             updated_at=now,
         )

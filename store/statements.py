@@ -15,11 +15,13 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import select
 
-from store.models import LedgerRow, MessageRow, RunRow
+from store.models import BatchRow, LedgerRow, MessageRow, RunRow
 from store.transitions import transition
 
 __all__ = [
+    "BATCHES",
     "CANCEL_FLAG",
+    "CHARGE_BATCH",
     "CLAIM",
     "CONVERSATION",
     "LEDGER",
@@ -45,7 +47,10 @@ LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 
 
 # The statements every turn runs, built once.
-_CLAIMED = ("version", "agent", "conversation_id", "tools_digest", "attempts", "crashes", "turns")
+_CLAIMED = (
+    "version", "agent", "conversation_id", "tools_digest", "attempts", "crashes", "turns",
+    "total_tokens", "cost", "budget", "batch_id",
+)  # fmt: skip
 
 
 CLAIM = transition(
@@ -85,11 +90,26 @@ def finish(to: str) -> Any:
         prompt_tokens=bindparam("prompt"),
         completion_tokens=bindparam("completion"),
         total_tokens=bindparam("total"),
+        cost=bindparam("cost"),
         attempts=0,
         crashes=0,
         error=None,
         text=bindparam("text"),
     )
+
+
+BATCHES = BatchRow.__table__  # type: ignore[attr-defined]
+
+
+# What a turn adds to its batch's spending, for a batch with a budget.
+CHARGE_BATCH = (
+    BATCHES.update()
+    .where(BATCHES.c.id == bindparam("bid"))
+    .values(
+        spent_tokens=BATCHES.c.spent_tokens + bindparam("tokens"),
+        spent_cost=BATCHES.c.spent_cost + bindparam("spent"),
+    )
+)
 
 
 CANCEL_FLAG = select(RUNS.c.cancel_requested).where(RUNS.c.id == bindparam("rid"))

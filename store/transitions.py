@@ -5,7 +5,9 @@
     running --next turn, retry,
               worker dead-->      queued
     running --turn ended-->       pending | done | incomplete | failed | cancelled
+    running --over its budget-->  over_budget (when it may not ask for more)
     pending --answer applied-->   queued
+    pending --budget declined-->  over_budget
     pending --answer unusable-->  failed      (its transcript changed behind the store)
     queued  --cancel-->           cancelled
     pending --cancel, expiry-->   cancelled
@@ -44,10 +46,10 @@ __all__ = [
 ]
 
 RunStatus: TypeAlias = Literal[
-    "queued", "running", "pending", "done", "incomplete", "failed", "cancelled"
+    "queued", "running", "pending", "done", "incomplete", "failed", "cancelled", "over_budget"
 ]
 STATUSES: tuple[RunStatus, ...] = (
-    "queued", "running", "pending", "done", "incomplete", "failed", "cancelled",
+    "queued", "running", "pending", "done", "incomplete", "failed", "cancelled", "over_budget",
 )  # fmt: skip
 
 TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
@@ -60,8 +62,10 @@ TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
         ("running", "incomplete"),
         ("running", "failed"),
         ("running", "cancelled"),
+        ("running", "over_budget"),
         ("pending", "queued"),
         ("pending", "failed"),
+        ("pending", "over_budget"),
         ("queued", "cancelled"),
         ("pending", "cancelled"),
     }

@@ -37,6 +37,7 @@ __all__ = [
     "fail_run",
     "finish_cancelled",
     "finish_turn",
+    "requeue_turn",
     "retry_turn",
     "save_reply",
 ]
@@ -56,6 +57,13 @@ class Claim:
     crashes: int
     """Workers that died holding this turn so far."""
     turns: int
+    total_tokens: int = 0
+    """Tokens the run's model calls have spent so far."""
+    cost: float = 0.0
+    """What they cost, by the provider's prices."""
+    budget: dict[str, Any] | None = None
+    """The run's own budget (`relayq.budgets.Budget` wire), if it has one."""
+    batch_id: str | None = None
     taken_over: bool = False
     """This delivery took the run over from one whose worker died."""
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -139,6 +147,10 @@ def _claim_of(
         attempts=run.attempts,
         crashes=run.crashes,
         turns=run.turns,
+        total_tokens=run.total_tokens,
+        cost=run.cost,
+        budget=run.budget,
+        batch_id=run.batch_id,
         taken_over=taken_over,
         messages=messages,
     )
@@ -191,11 +203,15 @@ def finish_turn(
     request_ttl: timedelta | None = None,
     on_expiry: str = "error",
     queue: str | None = None,
+    cost: float | None = None,
+    charge_batch: str | None = None,
 ) -> list[OutboxRow]:
     """Persist what a turn did and what comes next, in one transaction.
 
     `before` is the transcript as stored (with the model's reply if it was saved);
-    the next turn goes to `queue` (by default where this one came from).
+    the next turn goes to `queue` (by default where this one came from). `cost` is
+    what the run's calls have cost so far (None: unpriced, kept as it was), and
+    `charge_batch` the batch with a budget whose spending the turn adds to.
     """
     now = utcnow()
     usage = tx.usage_of(turn.messages)
@@ -215,12 +231,22 @@ def finish_turn(
                 "prompt": usage.prompt_tokens,
                 "completion": usage.completion_tokens,
                 "total": usage.total_tokens,
+                "cost": claim.cost if cost is None else cost,
                 "now": now,
                 "text": storable_text(turn.text) if turn.status == "done" else None,
             },
         ).first()
         if held is None:
             raise StaleClaim(claim.run_id, claim.version)
+        if charge_batch is not None:
+            s.execute(
+                sql.CHARGE_BATCH,
+                {
+                    "bid": charge_batch,
+                    "tokens": usage.total_tokens - claim.total_tokens,
+                    "spent": (claim.cost if cost is None else cost) - claim.cost,
+                },
+            )
         write_messages(s, claim.conversation_id, claim.run_id, before, turn.messages)
         if turn.status == "next":
             label = f"run={claim.run_id} agent={claim.agent} turn={turns + 1}"
@@ -243,6 +269,19 @@ def retry_turn(
     with db.write() as s:
         run = _hold(s, claim)
         move(s, run, "queued", now=utcnow(), attempts=ONE_MORE_ATTEMPT, error=error)
+        return enqueue_turn(
+            s, run.id, run.version, label=label_of(run), countdown=countdown, queue=queue
+        )
+
+
+def requeue_turn(
+    db: Database, claim: Claim, *, countdown: float, queue: str | None = None
+) -> OutboxRow:
+    """Give the run back to `queue` to wait for its provider: `retry_turn` without a failed
+    try counted or an error stored."""
+    with db.write() as s:
+        run = _hold(s, claim)
+        move(s, run, "queued", now=utcnow())
         return enqueue_turn(
             s, run.id, run.version, label=label_of(run), countdown=countdown, queue=queue
         )

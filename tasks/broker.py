@@ -2,8 +2,9 @@
 
 The sweeper needs it to tell a message that was lost (with a worker that
 died holding it, or with a broker restarted empty) from one still waiting
-its turn behind a backlog. Kombu's Redis transport keeps a queue as a list,
-pushed at the head and popped at the tail, so the tail is the oldest.
+its turn behind a backlog. Kombu's Redis transport keeps a queue as a list
+per priority level (`priority_lists`; a batch's turns wait at 9), each pushed
+at the head and popped at the tail, so the tails are the oldest.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ import redis
 
 from tasks.settings import Settings
 
-__all__ = ["QueuePeek"]
+__all__ = ["PRIORITY_STEPS", "QueuePeek", "priority_lists"]
 
 log = logging.getLogger(__name__)
+
+PRIORITY_STEPS = (0, 3, 6, 9)
+"""Kombu Redis's priority levels; a message's priority is rounded down to one of them."""
+_SEPARATOR = "\x06\x16"
+
+
+def priority_lists(queue: str) -> list[str]:
+    """The Redis lists (without the key prefix) holding `queue`'s messages, one a level:
+    `queue` itself for 0, `queue` and kombu's separator and the level for the others."""
+    return [queue if not p else f"{queue}{_SEPARATOR}{p}" for p in PRIORITY_STEPS]
 
 
 class QueuePeek:
@@ -35,29 +46,33 @@ class QueuePeek:
             else None
         )
 
-    def oldest(self, queues: Iterable[str]) -> dict[str, str | None] | None:
-        """Each queue's oldest waiting task id (None: the queue is empty)."""
+    def oldest(self, queues: Iterable[str]) -> dict[str, list[str]] | None:
+        """Each queue's oldest waiting task id at each priority holding any (none: the
+        queue is empty)."""
         if self._client is None:
             return None
+        names = list(queues)
+        per = len(PRIORITY_STEPS)
         try:
             with self._client.pipeline(transaction=False) as pipe:
-                names = list(queues)
                 for queue in names:
-                    pipe.lindex(self.prefix + queue, -1)
+                    for key in priority_lists(queue):
+                        pipe.lindex(self.prefix + key, -1)
                 tails = pipe.execute()
         except redis.RedisError as exc:
             log.warning("could not look into the broker's queues: %s", type(exc).__name__)
             return None
-        return {queue: _task_id(tail) for queue, tail in zip(names, tails, strict=True)}
+        return {
+            queue: [_task_id(tail) for tail in tails[n * per : (n + 1) * per] if tail is not None]
+            for n, queue in enumerate(names)
+        }
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
 
 
-def _task_id(raw: bytes | None) -> str | None:
-    if raw is None:
-        return None
+def _task_id(raw: bytes) -> str:
     try:
         return str(json.loads(raw)["headers"]["id"])
     except (ValueError, KeyError, TypeError):

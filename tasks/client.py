@@ -30,6 +30,7 @@ from relayq import Answer, AnswerMismatch, BulkRefused, RelayqError, Request, Ru
 from relayq._types import new_id
 from relayq.agents import Agent, load_agents, registered_agents
 from relayq.approvals import approve, decline, is_approval
+from relayq.budgets import Budget
 from relayq.limits import check_answer, check_run_input
 from relayq.loop import WaitFor
 from store import (
@@ -155,11 +156,13 @@ class DurableClient:
         started_by: str | None = None,
         batch_id: str | None = None,
         job_id: str | None = None,
+        budget: Budget | None = None,
     ) -> str:
         """Queue a run of `agent` on `prompt`; returns its id at once (in eager mode,
         once the run has settled). `started_by` names who asked, for the approvals
         that forbid self-approval; `batch_id` and `job_id` which batch's job it is
-        (shown with its requests).
+        (shown with its requests); `budget` what the run may spend, in place of its
+        agent's budget (`relayq.budgets`).
 
         UnstorableInput (InputTooLarge), with nothing written, for a prompt the
         store cannot keep: a NUL character, a lone surrogate, over the size limit.
@@ -182,6 +185,7 @@ class DurableClient:
             started_by=started_by,
             batch_id=batch_id,
             job_id=job_id,
+            budget=None if budget is None else budget.to_wire(),
         )
         await self._publish([row])
         return run_id
@@ -194,9 +198,11 @@ class DurableClient:
         started_by: str | None = None,
         batch_id: str | None = None,
         job_ids: list[str] | None = None,
+        budget: Budget | None = None,
     ) -> list[str]:
         """Queue one run per prompt, in one transaction; returns their ids in order.
-        `job_ids` (one per prompt) and `batch_id` record which batch's jobs they are.
+        `job_ids` (one per prompt) and `batch_id` record which batch's jobs they are;
+        `budget` is what each run may spend.
 
         For batch jobs: far faster than `start` in a loop. One prompt the store
         cannot keep refuses the whole batch (UnstorableInput), nothing written.
@@ -214,6 +220,7 @@ class DurableClient:
             started_by=started_by,
             batch_id=batch_id,
             job_ids=job_ids,
+            budget=None if budget is None else budget.to_wire(),
         )
         await self._publish(rows)
         return [run_id for run_id, _ in runs]
@@ -227,6 +234,8 @@ class DurableClient:
         started_by: str | None = None,
         restart_changed: bool = False,
         options: dict[str, Any] | None = None,
+        budget: Budget | None = None,
+        run_budget: Budget | None = None,
     ) -> Started:
         """Start the jobs (`(job id, prompt)`, in input order) of a batch that have no run
         yet, in one transaction: a rerun starts only what is missing, never a job twice.
@@ -234,7 +243,8 @@ class DurableClient:
         Returns every job's run. JobChanged, starting nothing, for a job whose prompt
         changed since its run started (unless `restart_changed`: the old run is
         cancelled and a new one takes the job); UnstorableInput for a prompt the
-        store cannot keep.
+        store cannot keep. `budget` is what the batch's runs may spend together (a
+        rerun's replaces the batch's), `run_budget` what each run it starts may.
         """
         name, digest, queue = await self._agent(agent)
         prompts = [prompt for _, prompt in jobs]
@@ -250,6 +260,8 @@ class DurableClient:
             tools_digest=digest,
             queue=queue,
             restart_changed=restart_changed,
+            budget=None if budget is None else budget.to_wire(),
+            run_budget=None if run_budget is None else run_budget.to_wire(),
         )
         await self._publish(started.outbox)
         return started
@@ -302,9 +314,10 @@ class DurableClient:
         *,
         conversation_id: str | None = None,
         timeout: float | None = None,
+        budget: Budget | None = None,
     ) -> RunResult:
         """Start a run and wait until it is done or waits on the host."""
-        run_id = await self.start(agent, prompt, conversation_id=conversation_id)
+        run_id = await self.start(agent, prompt, conversation_id=conversation_id, budget=budget)
         return await self._follow(run_id, timeout)
 
     async def _follow(self, run_id: str, timeout: float | None) -> RunResult:

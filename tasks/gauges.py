@@ -7,12 +7,13 @@
 | `relayq_requests_open_oldest_age_seconds` | | the oldest open request's age (0: none open) |
 | `relayq_request_decision_seconds` | agent, outcome | from a request's opening to its answer |
 | `relayq_workers_alive` | | worker processes whose heartbeat is current |
-| `relayq_queue_depth` | queue | messages waiting in each of relayq's queues (all priorities) |
+| `relayq_queue_depth` | queue | messages waiting per queue (all priorities), active batches' too |
 | `relayq_queue_unacked` | | messages workers hold and have not acknowledged (countdowns too) |
 | `relayq_store_up`, `relayq_broker_up` | | 1 when the part answered this scrape |
 | `relayq_metrics_collect_seconds` | part | what reading `store` and `broker` took |
 
-Four statements a scrape, each a count or a sum over an index, whatever the
+Five statements a scrape, each a count or a sum over an index (the active
+batches' queues: over the status index, the unfinished runs only), whatever the
 store holds (measured: `tests/durable/test_metrics.py`). Decisions are read as
 they come: each scrape reads the decisions made since the one before (by the
 audit trail's `at` index, with a minute's overlap for late commits) and adds
@@ -36,14 +37,15 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from sqlalchemy import bindparam, case, func, select, text
 
 from store import Database, RequestRow, RunRow, WorkerRow
+from store.batch_queues import active_batch_queues
 from store.models import DecisionRow, utcnow
+from store.transitions import STATUSES
 from tasks.settings import Settings
 
 __all__ = ["AGE_BUCKETS", "DECISION_BUCKETS", "BrokerView", "StoreGauges", "store_answers"]
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("queued", "running", "pending", "done", "failed", "cancelled", "incomplete")
 AGE_BUCKETS: tuple[tuple[str, float], ...] = (
     ("<1m", 60),
     ("1m-10m", 600),
@@ -215,6 +217,9 @@ class StoreGauges:
         self.clock = clock
         self._decisions = _Decisions(decisions_since or clock())
         self._lock = threading.Lock()
+        self._batch_queues: list[str] = []
+        """The active batches' queues, as the store last said: each batch's backlog is a
+        series of its own while the batch is active."""
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -253,6 +258,7 @@ class StoreGauges:
             open_row = s.execute(_OPEN, bounds).one()
             alive = s.execute(_ALIVE, {"alive_since": now - self.worker_timeout}).scalar_one()
         self._decisions.read(self.db, now)
+        self._batch_queues = active_batch_queues(self.db)
         return [
             _runs(runs),
             *_open(open_row, now),
@@ -264,7 +270,7 @@ class StoreGauges:
         up = GaugeMetricFamily("relayq_broker_up", "1 when the broker answered this scrape")
         if self.broker is None:
             return []
-        queues = list(dict.fromkeys(self.queues()))
+        queues = list(dict.fromkeys([*self.queues(), *self._batch_queues]))
         try:
             found = self.broker.depths(queues)
         except redis.RedisError as exc:

@@ -63,13 +63,6 @@ from relayq.ratelimit import (
     Throttled,
     WaitReason,
 )
-from store import Database, OutboxRow
-from store.errors import StaleClaim
-from store.models import RunRow, utcnow
-from store.outbox import enqueue_turn
-from store.runs import label_of
-from store.transitions import move
-from store.turns import Claim
 from tasks.settings import Settings
 
 __all__ = [
@@ -78,7 +71,6 @@ __all__ = [
     "add_hooks",
     "limited_model",
     "limiter_for",
-    "requeue_turn",
 ]
 
 log = logging.getLogger(__name__)
@@ -481,20 +473,3 @@ def limited_model(settings: Settings, agent: Agent, time_limit: float) -> Model:
     limiter = limiter_for(settings) if limits.limited else _WATCHER
     max_wait = min(settings.limit_wait, time_limit / 2)
     return LimitedModel(agent.durable_model, limiter, limits, max_wait=max_wait)
-
-
-def requeue_turn(
-    db: Database, claim: Claim, *, countdown: float, queue: str | None = None
-) -> OutboxRow:
-    """Give the run back to its queue to wait for its provider: no failed try counted, no error.
-
-    `store.turns.retry_turn` without the attempt; it belongs beside it in `store.turns`.
-    """
-    with db.write() as s:
-        run = s.get(RunRow, claim.run_id, with_for_update=True)
-        if run is None or run.version != claim.version or run.status != "running":
-            raise StaleClaim(claim.run_id, claim.version)
-        move(s, run, "queued", now=utcnow())
-        return enqueue_turn(
-            s, run.id, run.version, label=label_of(run), countdown=countdown, queue=queue
-        )

@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CostFunction",
+    "cost_of",
+    "provider_prices",
     "TurnSeen",
     "count_rate_limited",
     "observe_limit_wait",
@@ -116,17 +118,27 @@ CostFunction = Callable[[Agent, Usage], float | None]
 """What a model call cost, from its agent (its `ProviderConfig`, prices and all) and the
 usage the provider reported; None when the price is not known."""
 
-_cost: CostFunction | None = None
+
+def provider_prices(agent: Agent, usage: Usage) -> float | None:
+    """The default cost function: the agent's provider's prices (`ProviderConfig.prices`)."""
+    return agent.cost_of(usage)
+
+
+_cost: CostFunction | None = provider_prices
 
 
 def set_cost_function(fn: CostFunction | None) -> None:
-    """Count `relayq_model_cost_total` with `fn` (None: no cost). Until a function gives a
-    price, the metric has no series at all, rather than a cost of 0.
-
-        set_cost_function(lambda agent, usage: price_of(agent.provider.config, usage))
+    """Count costs with `fn` in place of the provider's prices (`ProviderConfig.prices`);
+    None: no cost. Budgets (`relayq.budgets`) and `relayq_model_cost_total` both use it.
+    Until a function gives a price, the metric has no series at all, rather than a cost of 0.
     """
     global _cost
     _cost = fn
+
+
+def cost_of(agent: Agent, usage: Usage) -> float | None:
+    """What `usage` of `agent`'s model cost, by the cost function; None when unknown."""
+    return _cost(agent, usage) if _cost is not None else None
 
 
 def provider_label(config: ProviderConfig | None) -> str:
@@ -204,7 +216,7 @@ def observed_model(agent: Agent, model: Model) -> Model:
 def _count_usage(agent: Agent, provider: str, model: str, usage: Usage) -> None:
     TOKENS.labels(agent.name, provider, model, "prompt").inc(usage.prompt_tokens)
     TOKENS.labels(agent.name, provider, model, "completion").inc(usage.completion_tokens)
-    cost = _cost(agent, usage) if _cost is not None else None
+    cost = cost_of(agent, usage)
     if cost is not None and cost > 0:
         COST.labels(agent.name, provider, model).inc(cost)
 

@@ -31,6 +31,7 @@ from greenlet import getcurrent  # type: ignore[import-untyped]
 
 from relayq.agents import Agent, UnknownAgent, load_agents, registered_agents
 from store import Database, OutboxRow, beat, forget_worker, migrate, sweep
+from store.batch_queues import active_batch_queues
 from store.maintenance import SweepReport
 from store.outbox import ANSWER_QUEUE, TURN_QUEUE, mark_published, sent_at
 from store.workers import HOSTNAME
@@ -246,18 +247,23 @@ class Runtime:
         return report
 
     def _waiting(self) -> dict[str, datetime | None] | None:
-        """When the oldest message still in each queue was sent; a queue whose
-        oldest message is not one we know is left out (nothing is taken for lost there)."""
+        """When the oldest message still in each queue (at any priority) was sent; a
+        queue holding a message that is not one we know is left out (nothing is taken
+        for lost there)."""
         if self._peek is None:
             self._peek = QueuePeek(self.settings)
-        tails = self._peek.oldest(self.peeked_queues())
+        # The active batches' queues too, whichever worker consumes them: a batch turn
+        # lost with a dead worker or an emptied broker is sent again like any other.
+        queues = (*self.peeked_queues(), *active_batch_queues(self.db))
+        tails = self._peek.oldest(queues)
         if tails is None:
             return None
         waiting: dict[str, datetime | None] = {}
-        for queue, task_id in tails.items():
-            sent = None if task_id is None else sent_at(self.db, task_id)
-            if task_id is None or sent is not None:
-                waiting[queue] = sent
+        for queue, task_ids in tails.items():
+            sent = [sent_at(self.db, task_id) for task_id in task_ids]
+            known = [moment for moment in sent if moment is not None]
+            if len(known) == len(sent):
+                waiting[queue] = min(known, default=None)
         return waiting
 
     def peeked_queues(self) -> tuple[str, ...]:

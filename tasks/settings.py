@@ -41,6 +41,8 @@ the deployment's. An empty value counts as unset.
 | `RELAYQ_WEBHOOK_TIMEOUT` | `10` | seconds one webhook attempt may take |
 | `RELAYQ_WEBHOOK_CONCURRENCY` | `16` | webhook requests in flight at once per worker process |
 | `RELAYQ_LIMIT_WAIT` | `30` | seconds a turn waits in place for provider limits, else re-queued |
+| `RELAYQ_WORKER_BATCHES` | `serve` | the `-Q` queues' batches: `serve` them too, `skip`, `only` |
+| `RELAYQ_BATCH_POLL` | `2` | seconds between a worker's looks at the store for active batches |
 
 In the configuration a duration may also be a number or a `timedelta`, a count
 an int, a flag a bool: `relayq_turn_time_limit = timedelta(minutes=5)`.
@@ -61,6 +63,7 @@ from relayq import limits
 from relayq._retry import MAX_DELAY
 from relayq.agents import DEFAULT_QUEUE, Agent, AgentError
 from store import Recovery
+from store.batch_queues import BATCH_MARK, is_batch_queue
 from store.outbox import (
     ANSWER_QUEUE,
     ANSWER_TASK,
@@ -72,7 +75,15 @@ from store.outbox import (
 )
 from tasks.webhooks import DEFAULT_PUBLIC_URL, Endpoint, parse_public_url, parse_webhooks
 
-__all__ = ["CONF_PREFIX", "ENV_PREFIX", "MAX_COUNTDOWN", "QUEUES", "Settings", "queue_named"]
+__all__ = [
+    "CONF_PREFIX",
+    "ENV_PREFIX",
+    "MAX_COUNTDOWN",
+    "QUEUES",
+    "WORKER_BATCHES",
+    "Settings",
+    "queue_named",
+]
 
 ENV_PREFIX = "RELAYQ_"
 CONF_PREFIX = "relayq_"
@@ -164,6 +175,18 @@ def _seconds(key: str, value: Any) -> float:
     return seconds
 
 
+WORKER_BATCHES = ("serve", "skip", "only")
+"""What a worker does with the batch queues (`store.batch_queues`) of the queues it is told
+to consume (`-Q`): consume them beside those queues, never, or instead of those queues."""
+
+
+def _worker_batches(key: str, value: Any) -> str:
+    mode = str(value).strip().lower()
+    if mode not in WORKER_BATCHES:
+        raise ValueError(f"{key} must be serve, skip or only, not {value!r}")
+    return mode
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     home: Path
@@ -212,6 +235,12 @@ class Settings:
     limit_wait: float = 30.0
     """Seconds a turn may wait in place (an asyncio sleep) for its provider's shared limits
     (`tasks.limiter`); a longer wait sends it back to its queue with a countdown."""
+    worker_batches: str = "serve"
+    """`serve`: a worker consumes its queues and their active batches' queues; `skip`: never
+    a batch's (an interactive-only worker); `only`: its queues' batches' and not the queues."""
+    batch_poll: float = 2.0
+    """Seconds between a worker's looks at the store for the batch queues to consume: a
+    batch's first turn may wait that long for a worker."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -265,6 +294,8 @@ class Settings:
             webhook_timeout=src.seconds("webhook_timeout", 10),
             webhook_concurrency=src.read("webhook_concurrency", 16, _count(1)),
             limit_wait=src.seconds("limit_wait", 30),
+            worker_batches=src.read("worker_batches", "serve", _worker_batches),
+            batch_poll=src.seconds("batch_poll", 2),
         )
         settings._check()
         return settings
@@ -309,6 +340,13 @@ class Settings:
     def check_agent(self, agent: Agent) -> None:
         """AgentError if `agent`'s policy does not fit a worker with these settings."""
         self.time_limit_of(agent)
+        if is_batch_queue(agent.queue):
+            # Its turns would be sent at a batch's low priority, and consumed as a batch's.
+            raise AgentError(
+                f"agent {agent.name!r}: queue {agent.queue!r} holds {BATCH_MARK!r}, which "
+                "names batch queues; choose another name",
+                agent.name,
+            )
 
     @property
     def worker_timeout(self) -> timedelta:

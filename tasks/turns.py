@@ -22,8 +22,10 @@ from celery.exceptions import Retry
 from celery.signals import worker_ready
 
 from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult
+from relayq import _transcript as tx
 from relayq._retry import backoff
 from relayq.agents import Agent, AgentError
+from relayq.budgets import Budget, Spent, next_call, overrun
 from relayq.loop import Journal, Turn, take_turn
 from relayq.ratelimit import Throttled
 from relayq.relay import relay_calls_of
@@ -39,12 +41,14 @@ from store import (
     ledger_put,
     ledger_start,
     list_requests,
+    requeue_turn,
     retry_turn,
     save_reply,
 )
+from store.budgets import Gate, budget_gate
 from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
-from tasks.limiter import limited_model, requeue_turn
-from tasks.metrics import observed_model, observed_turn
+from tasks.limiter import limited_model
+from tasks.metrics import cost_of, observed_model, observed_turn
 from tasks.runtime import Runtime
 from tasks.settings import MAX_COUNTDOWN, Settings
 
@@ -257,6 +261,9 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
         raise TurnFailed(run_id, error)
     try:
         agent = rt.agent(claim.agent)
+        gate = await _budget_gate(rt, claim, agent)
+        if gate.verdict != "go":
+            return _stopped_by_budget(gate)
         _progress(task, claim, "model")
         turn, before, digest = await _turn(rt, task, claim, agent)
         outbox = await rt.io(
@@ -269,6 +276,8 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
             request_ttl=agent.request_ttl,
             on_expiry=agent.on_expiry,
             queue=agent.queue,
+            cost=cost_of(agent, tx.usage_of(turn.messages)),
+            charge_batch=gate.charge_batch,
         )
     except StaleClaim:
         return Outcome("skipped: lost the claim")
@@ -345,6 +354,31 @@ async def _resend(rt: Runtime, task: TaskRef | None, row: OutboxRow, countdown: 
         )
         await rt.io(retry.apply_async)
         await rt.io(mark_published, rt.db, [row])
+
+
+# -- budgets: before the model is called, the run's budget and its batch's are checked
+# (`store.budgets`); past one, the run asks for more, waits for its batch's answer, or ends. --
+
+
+async def _budget_gate(rt: Runtime, claim: Claim, agent: Agent) -> Gate:
+    own = Budget.from_wire(claim.budget)
+    guess = next_call(claim.messages, lambda usage: cost_of(agent, usage))
+    spent = Spent(claim.total_tokens, claim.cost)
+    if claim.batch_id is None and overrun(own or agent.budget, spent, guess, "run") is None:
+        return Gate("go")  # decided without the store: no batch, and within budget
+    return await rt.io(
+        budget_gate,
+        rt.db,
+        claim.run_id,
+        claim.version,
+        default=agent.budget,
+        next_call=guess,
+    )
+
+
+def _stopped_by_budget(gate: Gate) -> Outcome:
+    summary = "over_budget" if gate.verdict == "ended" else "pending"
+    return Outcome(f"{summary}: {gate.detail}")
 
 
 def _describe(exc: BaseException) -> str:

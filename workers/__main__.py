@@ -7,7 +7,9 @@ python -m workers worker -Q relayq.turns.support,relayq.answers   # chosen queue
 
 A worker consumes relayq's three queues unless `-Q` names others: an agent
 with a queue of its own (`Agent(queue="relayq.turns.support")`) runs only on
-workers started with `-Q` naming it.
+workers started with `-Q` naming it. The queues of those queues' active batches
+come with them (`RELAYQ_WORKER_BATCHES=serve`), or not (`skip`), or instead
+(`only`): see `workers.batch_queues`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ and beat start the embedded Redis before they connect.
 
 `-Q` picks the queues a worker consumes (by default relayq's three); a queue
 it names that relayq does not declare (an agent's own, `Agent(queue=...)`) is
-declared like relayq's: on an exchange of its own, bound by its name.
+declared like relayq's: on an exchange of its own, bound by its name. The
+queues of those queues' active batches are consumed too, or instead, or never
+(`RELAYQ_WORKER_BATCHES`, `workers.batch_queues`).
 
 A worker rides out a broker outage of any length: it reconnects and goes on
 consuming (`Consumer`). If it stops without being asked to (SIGTERM, SIGINT,
@@ -34,6 +36,7 @@ from celery.worker import consumer, control
 
 from relayq.agents import load_agents, registered_agents
 from tasks.settings import Settings, queue_named
+from workers.batch_queues import BatchQueues
 from workers.config import celery_config
 from workers.embedded import ensure_embedded_redis
 from workers.metrics import install as install_metrics
@@ -48,6 +51,7 @@ app = Celery("relayq")
 settings = Settings.load(conf=app.conf)
 app.conf.update(celery_config(settings))
 install_metrics(app)  # served when RELAYQ_WORKER_METRICS_PORT is set (`workers.metrics`)
+app.steps["consumer"].add(BatchQueues)
 
 _started = threading.Event()
 _stop_requested = threading.Event()
@@ -80,6 +84,8 @@ def _prepare_worker(**_: Any) -> None:
 @celeryd_after_setup.connect
 def _note_unserved_queues(instance: Any = None, **_: Any) -> None:
     """Say which agents' turns this worker leaves to others (once `-Q` applied and logs work)."""
+    if settings.worker_batches == "only":
+        return  # a batch worker leaves every interactive turn to others; it says so at start
     queues = getattr(instance, "app", app).amqp.queues
     consumed = queues.consume_from or queues  # no selection: every declared queue
     for agent in registered_agents().values():

@@ -6,12 +6,13 @@ one = await client.translate([{"role": "user", "content": "hi"}])
 """
 
 from relayq.providers._client import ProviderClient, TranslatedCall, TranslateResult, create_client
-from relayq.providers._config import ProviderConfig, Style
+from relayq.providers._config import ModelPrice, ProviderConfig, Style
 from relayq.providers._transport import RETRYABLE_STATUS, ProviderModel, redact
 from relayq.providers._wire import FinishReason, ToolChoice
 
 __all__ = [
     # configuration
+    "ModelPrice",
     "ProviderConfig",
     "Style",
     # clients and models

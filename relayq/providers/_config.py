@@ -8,8 +8,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayq._errors import ModelError
+from relayq._types import Usage
 
-__all__ = ["ProviderConfig", "Style"]
+__all__ = ["ModelPrice", "ProviderConfig", "Style"]
 
 Style = Literal["openai", "anthropic"]
 
@@ -17,6 +18,20 @@ _KEY_VARIABLES: dict[str, tuple[str, ...]] = {
     "openai": ("OPENAI_API_KEY", "OPENROUTER_API_KEY"),
     "anthropic": ("ANTHROPIC_API_KEY",),
 }
+
+
+class ModelPrice(BaseModel):
+    """What a model charges per million tokens, in whatever unit the operator counts in."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(ge=0)
+    """Per million prompt tokens."""
+    output: float = Field(ge=0)
+    """Per million completion tokens."""
+
+    def cost_of(self, usage: Usage) -> float:
+        return (usage.prompt_tokens * self.input + usage.completion_tokens * self.output) / 1e6
 
 
 class ProviderConfig(BaseModel):
@@ -55,6 +70,15 @@ class ProviderConfig(BaseModel):
     seen so far) and corrected by the usage in the reply."""
     max_in_flight: int | None = Field(default=None, gt=0)
     """Calls waiting on the endpoint at once, across all workers."""
+
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """Prices by model name, for costs and budgets (`relayq.budgets`):
+    `{"gpt-4o-mini": ModelPrice(input=0.15, output=0.6)}`. A model without one has no cost."""
+
+    def cost_of(self, usage: Usage, model: str | None = None) -> float | None:
+        """What `usage` of `model` (by default this config's) cost; None with no price for it."""
+        price = self.prices.get(model or self.model)
+        return None if price is None else price.cost_of(usage)
 
     def key_variables(self) -> tuple[str, ...]:
         return (self.api_key_env,) if self.api_key_env else _KEY_VARIABLES[self.style]

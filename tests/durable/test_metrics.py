@@ -351,7 +351,7 @@ async def eager(
     client = DurableClient(eager=True, settings=settings)
     yield client
     client.close()
-    metrics.set_cost_function(None)
+    metrics.set_cost_function(metrics.provider_prices)
 
 
 async def test_an_eager_host_counts_its_turns_and_prices_them_once_a_cost_function_is_set(

@@ -18,7 +18,7 @@ CORE = Path(relayq.__file__).parent
 def test_the_package_exports_exactly_these_names():
     assert sorted(relayq.__all__) == sorted(
         [
-            "Agent", "AgentError", "Answer", "BUILTIN_NAMES", "BuiltinsConfig",
+            "Agent", "AgentError", "Answer", "BUILTIN_NAMES", "Budget", "BuiltinsConfig",
             "InMemoryConversationStore",
             "InProcessRequest", "InProcessResponse", "InProcessToolCall", "ModelError",
             "RelayqError", "Request", "ResumeError", "RunCancelled", "RunResult", "Tool",
