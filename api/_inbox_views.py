@@ -101,7 +101,7 @@ def item_of(stored: StoredRequest, now: datetime | None = None) -> dict[str, Any
         calls = [
             {
                 "id": "",
-                "name": stored.tool or "",
+                "name": stored.tool or request.kind,
                 "arguments": pretty(arguments),
                 "summary": _summary(arguments),
             }

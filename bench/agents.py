@@ -50,6 +50,10 @@ bench = Agent(
 )
 
 
+bench_long = Agent("bench-long", bench_model(), tools=[STEP], max_turns=5000)
+"""For long conversations (`bench.turns`): as many turns as the server asks for."""
+
+
 async def local_model(req: InProcessRequest) -> InProcessResponse:
     """The model server's behaviour without HTTP: to tell the transport's cost from the rest."""
     done = sum(1 for m in req.messages if m["role"] == "tool")

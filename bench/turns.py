@@ -1,0 +1,206 @@
+"""What one turn costs the worker as a conversation grows: CPU, bytes written, storage.
+
+    python -m bench.turns                               # runs of 25, 200 and 800 turns
+    python -m bench.turns --lengths 25,800 --total 1600 --stores sqlite,postgresql
+
+For each length L, one asyncio worker process runs `--total / L` runs of L turns each
+(the same number of turns at every length) against the local model server answering
+at once. Measured from the worker's own counters (/proc): CPU seconds (user and
+system) and bytes written to storage, divided by the turns taken; and the store's
+growth per turn. Each row's ratio is to the shortest length's, measured in the same
+run: a flat cost per turn is 1.0x at every length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import text
+
+from bench.inflight import (
+    drop_postgres,
+    free_port,
+    postgres_url,
+    redis_url,
+    start_worker,
+    wait_all,
+    wait_ready,
+)
+from store import Database
+from tasks import DurableClient, Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Cost:
+    store: str
+    length: int
+    runs: int
+    turns: int
+    cpu_seconds: float
+    bytes_written: int
+    stored_bytes: int
+    seconds: float
+    failed: int
+
+    def cpu_ms(self) -> float:
+        return 1000 * self.cpu_seconds / self.turns
+
+    def written_kb(self) -> float:
+        return self.bytes_written / self.turns / 1000
+
+    def stored_per_turn(self) -> float:
+        return self.stored_bytes / self.turns
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU of a process and its reaped children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    return (utime + stime + cutime + cstime) / TICKS
+
+
+def written(pid: int) -> int:
+    """Bytes the process caused to be written to storage (`write_bytes`)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+def store_size(url: str, home: Path) -> int:
+    if url.startswith("sqlite"):
+        return sum(p.stat().st_size for p in home.glob("relayq.db*"))
+    db = Database(url)
+    try:
+        with db.read() as s:
+            return int(s.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
+    finally:
+        db.dispose()
+
+
+def start_server(port: int, length: int) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.model_server", "--port", str(port),
+         "--latency", "0", "--turns", str(length)],
+        cwd=ROOT,
+    )  # fmt: skip
+    time.sleep(1.0)
+    return server
+
+
+async def measure(env: dict[str, str], url: str, home: Path, length: int, runs: int) -> Cost:
+    settings = Settings.from_env(env)
+    client = DurableClient(settings=settings)
+    log = home / f"worker-{length}.log"
+    worker = start_worker(env, "asyncio", max(runs, 1), log, f"bench-turns-{length}")
+    try:
+        await asyncio.to_thread(wait_ready, log, worker)
+        # The worker's start (imports, migrations) is not a turn's cost.
+        await asyncio.sleep(1.0)
+        cpu, io, size = cpu_seconds(worker.pid), written(worker.pid), store_size(url, home)
+        started = time.perf_counter()
+        ids = await client.start_many("bench-long", [f"long {i}" for i in range(runs)])
+        failed = await wait_all(client, set(ids))
+        seconds = time.perf_counter() - started
+        cpu, io = cpu_seconds(worker.pid) - cpu, written(worker.pid) - io
+        size = store_size(url, home) - size
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+        client.close()
+    store = "sqlite" if url.startswith("sqlite") else "postgresql"
+    return Cost(store, length, runs, runs * length, cpu, io, size, seconds, failed)
+
+
+def one(args: argparse.Namespace, base: Path, store: str) -> list[Cost]:
+    home = base / store
+    home.mkdir(parents=True)
+    name = "relayq_bench_" + re.sub(r"\W", "_", f"{os.getpid()}_turns")
+    url = f"sqlite:///{home / 'relayq.db'}" if store == "sqlite" else postgres_url(name)
+    if url is None:
+        print(f"skipping {store}: no server", file=sys.stderr)
+        return []
+    port = free_port()
+    env = {
+        **os.environ,
+        "RELAYQ_HOME": str(home),
+        "RELAYQ_DATABASE_URL": url,
+        "RELAYQ_KEY_PREFIX": f"relayq-bench-turns-{os.getpid()}-{store}:",
+        "RELAYQ_AGENTS": "bench.agents",
+        "RELAYQ_BENCH_MODEL_URL": f"http://127.0.0.1:{port}/v1",
+        "RELAYQ_BENCH_KEY": "bench-key",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    broker = redis_url()
+    if broker:
+        env["RELAYQ_BROKER_URL"] = broker
+    out = []
+    try:
+        for length in args.lengths:
+            server = start_server(port, length)
+            try:
+                runs = max(1, args.total // length)
+                out.append(asyncio.run(measure(env, url, home, length, runs)))
+            finally:
+                server.terminate()
+                server.wait(timeout=10)
+    finally:
+        if store != "sqlite":
+            drop_postgres(name)
+    return out
+
+
+def print_table(results: list[Cost]) -> None:
+    print(f"\none asyncio worker process, {os.cpu_count()} cores, model answering at once\n")
+    print("| store | turns a run | runs | worker CPU ms/turn | vs shortest | kB written/turn "
+          "| vs shortest | stored B/turn | seconds | not done |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for store in dict.fromkeys(r.store for r in results):
+        mine = [r for r in results if r.store == store]
+        first = mine[0]
+        for r in mine:
+            print(
+                f"| {r.store} | {r.length} | {r.runs} | {r.cpu_ms():.2f} "
+                f"| {r.cpu_ms() / first.cpu_ms():.2f}x | {r.written_kb():.1f} "
+                f"| {r.written_kb() / max(first.written_kb(), 1e-9):.2f}x "
+                f"| {r.stored_per_turn():.0f} | {r.seconds:.1f} | {r.failed} |"
+            )
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = parser.add_argument
+    add("--lengths", default="25,200,800", help="turns a run, comma-separated")
+    add("--total", type=int, default=3200, help="turns at each length (runs = total / length)")
+    add("--stores", default="sqlite", help="stores, comma-separated: sqlite,postgresql")
+    args = parser.parse_args()
+    args.lengths = [int(n) for n in args.lengths.split(",")]
+    return args
+
+
+def main() -> None:
+    args = parse()
+    base = Path(tempfile.mkdtemp(prefix="rq-bench-turns-"))
+    results = []
+    for store in args.stores.split(","):
+        results += one(args, base, store)
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()
