@@ -208,6 +208,14 @@ def turns_taken(messages: list[dict[str, Any]]) -> int:
     return sum(1 for m in messages[start + 1 :] if m.get("role") == "assistant")
 
 
+def usage_in(message: dict[str, Any]) -> Usage:
+    """What the model call that made `message` spent (nothing for other messages)."""
+    note = message.get(NOTE) or {}
+    if message.get("role") == "assistant" and "usage" in note:
+        return Usage.model_validate(note["usage"])
+    return Usage()
+
+
 def usage_of(messages: list[dict[str, Any]]) -> Usage:
     total = Usage()
     for m in messages[run_start(messages) + 1 :]:

@@ -40,10 +40,12 @@ def write_messages(
 ) -> None:
     """Write what changed from `before` to `after`: appended messages, and placeholders
     replaced in place, as `run_id`'s."""
+    kept = len(before)
     rows = [
         message_values(conversation_id, run_id, seq, body)
         for seq, body in enumerate(after)
-        if seq >= len(before) or before[seq] != body
+        # The same object is the same message: only the rest need comparing.
+        if seq >= kept or (before[seq] is not body and before[seq] != body)
     ]
     if rows:
         # One statement, many parameter sets: compiled once, cached after.

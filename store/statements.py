@@ -28,7 +28,7 @@ __all__ = [
     "LEDGER_OUTCOME",
     "MESSAGES",
     "RUNS",
-    "STILL_HELD",
+    "REPLY_SAVED",
     "finish",
     "ledger_finish",
     "ledger_insert",
@@ -73,10 +73,18 @@ _HELD_BY = (
 )
 
 
-STILL_HELD = (
+# A model's reply kept: the claim check, and what the call spent added to the run's totals.
+REPLY_SAVED = (
     RUNS.update()
     .where(*_HELD_BY)
-    .values(updated_at=bindparam("now"))
+    .values(
+        updated_at=bindparam("now"),
+        turns=RUNS.c.turns + 1,
+        prompt_tokens=RUNS.c.prompt_tokens + bindparam("prompt"),
+        completion_tokens=RUNS.c.completion_tokens + bindparam("completion"),
+        total_tokens=RUNS.c.total_tokens + bindparam("total"),
+        cost=RUNS.c.cost + bindparam("cost"),
+    )
     .returning(RUNS.c.cancel_requested)
 )
 
@@ -86,11 +94,6 @@ def finish(to: str) -> Any:
     """The claim check and the run's new state after a turn, in one statement."""
     return transition("running", to, returning=("id",)).values(
         tools_digest=func.coalesce(RUNS.c.tools_digest, bindparam("digest")),
-        turns=bindparam("turns"),
-        prompt_tokens=bindparam("prompt"),
-        completion_tokens=bindparam("completion"),
-        total_tokens=bindparam("total"),
-        cost=bindparam("cost"),
         attempts=0,
         crashes=0,
         error=None,

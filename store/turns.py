@@ -79,11 +79,14 @@ def claim_turn(
     lease: timedelta,
     worker: str | None = None,
     worker_timeout: timedelta = WORKER_TIMEOUT,
+    kept: list[dict[str, Any]] | None = None,
 ) -> Claim | None:
     """Take the run for one turn, or None if this message is stale or a duplicate.
 
     A claim made by `worker` lasts while that worker's heartbeat does; one
-    made with no worker lasts `lease`.
+    made with no worker lasts `lease`. `kept` is the transcript this process
+    left the run with at `version`: a claim at that version proves nothing has
+    changed it since, so it is not read again.
     """
     now = utcnow()
     until = None if worker is not None else now + lease
@@ -101,7 +104,8 @@ def claim_turn(
             },
         ).first()
         if took is not None:
-            return _claim_of(run_id, took, conversation(conn, took.conversation_id))
+            messages = kept if kept is not None else conversation(conn, took.conversation_id)
+            return _claim_of(run_id, took, messages)
     with db.write() as s:
         run = s.get(RunRow, run_id, with_for_update=True)
         if run is None:
@@ -163,20 +167,43 @@ def _hold(s: Session, claim: Claim) -> RunRow:
     return run
 
 
-def save_reply(db: Database, claim: Claim, messages: list[dict[str, Any]]) -> bool:
+def save_reply(
+    db: Database,
+    claim: Claim,
+    messages: list[dict[str, Any]],
+    *,
+    cost: float = 0.0,
+    charge_batch: str | None = None,
+) -> bool:
     """Keep the model's reply (the last message) before any of its tools run, and count
     each of its calls as started once (`ctx.attempt` 1), in the same transaction.
 
-    Returns whether the run has been asked to cancel meanwhile.
+    The reply's tokens (its usage) and `cost` are added to the run's totals, and to
+    batch `charge_batch`'s spending (a batch with a budget), and the run's turns
+    counted: once, as the reply is kept once. Returns whether the run has been asked
+    to cancel meanwhile.
     """
     at = len(messages) - 1
     now = utcnow()
+    usage = tx.usage_in(messages[at])
     with db.transaction() as conn:
         cancel = conn.execute(
-            sql.STILL_HELD, {"rid": claim.run_id, "v": claim.version, "now": now}
+            sql.REPLY_SAVED,
+            {
+                "rid": claim.run_id,
+                "v": claim.version,
+                "now": now,
+                "prompt": usage.prompt_tokens,
+                "completion": usage.completion_tokens,
+                "total": usage.total_tokens,
+                "cost": cost,
+            },
         ).scalar_one_or_none()
         if cancel is None:
             raise StaleClaim(claim.run_id, claim.version)
+        if charge_batch is not None:
+            spent = {"bid": charge_batch, "tokens": usage.total_tokens, "spent": cost}
+            conn.execute(sql.CHARGE_BATCH, spent)
         write_messages(conn, claim.conversation_id, claim.run_id, messages[:-1], messages)
         starts = [
             ledger_values(claim.run_id, at, call.id, "", None, executions=1, now=now)
@@ -203,19 +230,15 @@ def finish_turn(
     request_ttl: timedelta | None = None,
     on_expiry: str = "error",
     queue: str | None = None,
-    cost: float | None = None,
-    charge_batch: str | None = None,
 ) -> list[OutboxRow]:
     """Persist what a turn did and what comes next, in one transaction.
 
     `before` is the transcript as stored (with the model's reply if it was saved);
-    the next turn goes to `queue` (by default where this one came from). `cost` is
-    what the run's calls have cost so far (None: unpriced, kept as it was), and
-    `charge_batch` the batch with a budget whose spending the turn adds to.
+    the next turn goes to `queue` (by default where this one came from). The
+    reply's spending was counted when it was saved (`save_reply`).
     """
     now = utcnow()
-    usage = tx.usage_of(turn.messages)
-    turns = tx.turns_taken(turn.messages)
+    turns = claim.turns + (1 if turn.model_called else 0)
     status = "queued" if turn.status == "next" else turn.status
     # Only opening a request needs the ORM; every other ending is plain statements.
     scope = db.write() if turn.status == "pending" else db.transaction()
@@ -227,26 +250,12 @@ def finish_turn(
                 "rid": claim.run_id,
                 "v": claim.version,
                 "digest": tools_digest,
-                "turns": turns,
-                "prompt": usage.prompt_tokens,
-                "completion": usage.completion_tokens,
-                "total": usage.total_tokens,
-                "cost": claim.cost if cost is None else cost,
                 "now": now,
                 "text": storable_text(turn.text) if turn.status == "done" else None,
             },
         ).first()
         if held is None:
             raise StaleClaim(claim.run_id, claim.version)
-        if charge_batch is not None:
-            s.execute(
-                sql.CHARGE_BATCH,
-                {
-                    "bid": charge_batch,
-                    "tokens": usage.total_tokens - claim.total_tokens,
-                    "spent": (claim.cost if cost is None else cost) - claim.cost,
-                },
-            )
         write_messages(s, claim.conversation_id, claim.run_id, before, turn.messages)
         if turn.status == "next":
             label = f"run={claim.run_id} agent={claim.agent} turn={turns + 1}"

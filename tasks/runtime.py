@@ -38,6 +38,7 @@ from store.workers import HOSTNAME
 from tasks.broker import QueuePeek
 from tasks.publish import send, sender_app
 from tasks.settings import Settings
+from tasks.transcripts import Transcripts
 from tasks.webhooks import WebhookSender
 
 __all__ = ["LoopThread", "Runtime", "defer", "deferring"]
@@ -134,6 +135,8 @@ class Runtime:
         self._sent: list[OutboxRow] = []
         self.holding: dict[str, int] = {}
         """Runs this process has claimed (run id -> claimed version)."""
+        self.transcripts = Transcripts()
+        """Transcripts of the runs whose next turn this process queued (`tasks.transcripts`)."""
         self.worker_id = f"{HOSTNAME}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         """This process, as its claims name it; they last while its heartbeat does."""
         self._peek: QueuePeek | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from celery import Task, shared_task
 from celery.exceptions import Retry
 from celery.signals import worker_ready
 
-from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult
+from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult, Usage
 from relayq import _transcript as tx
 from relayq._retry import backoff
 from relayq.agents import Agent, AgentError
@@ -122,10 +123,21 @@ class StoreJournal(Journal):
     same transaction, so boundaries see a cancel without a query of their own.
     """
 
-    def __init__(self, rt: Runtime, claim: Claim, task: TaskRef | None = None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        claim: Claim,
+        task: TaskRef | None = None,
+        *,
+        price: Callable[[Usage], float | None] = lambda usage: None,
+        charge_batch: str | None = None,
+    ) -> None:
         self.rt = rt
         self.claim = claim
         self.task = task
+        self.price = price
+        """What a reply's usage cost (None: no price)."""
+        self.charge_batch = charge_batch
         self.cancelled = False
         self._fresh: int | None = None
         self.stored = claim.messages
@@ -135,7 +147,15 @@ class StoreJournal(Journal):
         return self.cancelled
 
     async def model_replied(self, messages: list[dict[str, Any]]) -> None:
-        self.cancelled = await self.rt.io(save_reply, self.rt.db, self.claim, messages)
+        cost = self.price(tx.usage_in(messages[-1])) or 0.0
+        self.cancelled = await self.rt.io(
+            save_reply,
+            self.rt.db,
+            self.claim,
+            messages,
+            cost=cost,
+            charge_batch=self.charge_batch,
+        )
         self._fresh = len(messages) - 1
         self.stored = list(messages)
         if messages[-1].get("tool_calls"):
@@ -167,7 +187,7 @@ def _missing_relay_tools(rt: Runtime, claim: Claim, relay_names: frozenset[str])
 
 
 async def _turn(
-    rt: Runtime, task: TaskRef | None, claim: Claim, agent: Agent
+    rt: Runtime, task: TaskRef | None, claim: Claim, agent: Agent, gate: Gate
 ) -> tuple[Turn, list[dict[str, Any]], str]:
     toolkit = await agent.toolkit()
     digest = toolkit.digest()
@@ -179,7 +199,13 @@ async def _turn(
                 f"that run {claim.run_id} used; it cannot resume",
                 agent.name,
             )
-    journal = StoreJournal(rt, claim, task)
+    journal = StoreJournal(
+        rt,
+        claim,
+        task,
+        price=lambda usage: cost_of(agent, usage),
+        charge_batch=gate.charge_batch,
+    )
     time_limit = _time_limit(rt.settings, agent)
     async with asyncio.timeout(time_limit):
         turn = await take_turn(
@@ -240,6 +266,7 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
         lease=rt.settings.worker_timeout,
         worker=rt.worker_id,
         worker_timeout=rt.settings.worker_timeout,
+        kept=rt.transcripts.take(run_id, version),
     )
     if claim is None:
         return Outcome("skipped: stale or duplicate message")
@@ -265,7 +292,7 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
         if gate.verdict != "go":
             return _stopped_by_budget(gate)
         _progress(task, claim, "model")
-        turn, before, digest = await _turn(rt, task, claim, agent)
+        turn, before, digest = await _turn(rt, task, claim, agent, gate)
         outbox = await rt.io(
             finish_turn,
             rt.db,
@@ -276,8 +303,6 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
             request_ttl=agent.request_ttl,
             on_expiry=agent.on_expiry,
             queue=agent.queue,
-            cost=cost_of(agent, tx.usage_of(turn.messages)),
-            charge_batch=gate.charge_batch,
         )
     except StaleClaim:
         return Outcome("skipped: lost the claim")
@@ -293,6 +318,9 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
         await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(run_id, error) from None
     _progress(task, claim, "saved")
+    if turn.status == "next":
+        # The next turn's message claims the run at the version this one leaves it at.
+        rt.transcripts.keep(run_id, claim.version + 1, turn.messages)
     await rt.publish(outbox)
     return Outcome(turn.status, turn=turn)
 

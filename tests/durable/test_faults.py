@@ -40,6 +40,7 @@ def figures(durable: Durable, case: str, delays: list[float]) -> None:
         "median_s": round(statistics.median(delays), 2) if delays else None,
         "max_s": round(max(delays), 2) if delays else None,
     }
+    durable.log.mkdir(parents=True, exist_ok=True)
     with (durable.log / "fault-figures.log").open("a") as out:
         out.write(json.dumps(line) + "\n")
 
