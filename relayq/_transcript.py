@@ -126,6 +126,22 @@ def check(messages: list[dict[str, Any]]) -> None:
             raise ResumeError(f"transcript message {i} is not a chat message with a known role")
 
 
+def survey(messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """`check`, `run_start` and `turns_taken` in one pass: where the run began (-1 if no
+    user message) and the model's replies since; ResumeError for a message that is not
+    a chat message with a known role."""
+    start, turns = -1, 0
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "assistant":
+            turns += 1
+        elif role == "user":
+            start, turns = i, 0
+        elif role not in ("system", "tool"):
+            raise ResumeError(f"transcript message {i} is not a chat message with a known role")
+    return start, turns
+
+
 def run_start(messages: list[dict[str, Any]]) -> int:
     """Index of the last user message: where the current run began (-1 if none)."""
     for i in range(len(messages) - 1, -1, -1):

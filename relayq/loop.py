@@ -137,8 +137,8 @@ async def take_turn(
 ) -> Turn:
     """Take one turn of the run whose transcript is `messages` (not modified)."""
     messages = list(messages)
-    tx.check(messages)
-    if tx.run_start(messages) < 0:
+    start, turns = tx.survey(messages)  # one pass over the transcript, however long
+    if start < 0:
         raise ResumeError("the transcript has no user message to run")
     ctx = _Ctx(
         toolkit=toolkit,
@@ -161,7 +161,7 @@ async def take_turn(
     text = tx.final_text(messages)
     if text is not None:
         return Turn(status="done", messages=messages, text=text)
-    if tx.turns_taken(messages) >= max_turns:
+    if turns >= max_turns:
         return Turn(status="incomplete", messages=messages)
     _check_cancel(cancel, run_id)
     full = _with_system(system_prompt, messages)
