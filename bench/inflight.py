@@ -242,11 +242,22 @@ def one(args: argparse.Namespace, home: Path, store: str, pool: str, port: int) 
     if url is None:
         print(f"skipping {store}: no server", file=sys.stderr)
         return []
+    env = bench_env(home, url, port, f"relayq-bench-{home.name}-{os.getpid()}:")
+    try:
+        return [asyncio.run(measure(env, pool, concurrency, runs, args.turns, home))]
+    finally:
+        if store != "sqlite":
+            drop_postgres(name)
+
+
+def bench_env(home: Path, url: str, port: int, prefix: str) -> dict[str, str]:
+    """A benchmark worker's environment: its home and store, its own key prefix on the
+    machine's Redis (or the embedded broker), and the model server on `port`."""
     env = {
         **os.environ,
         "RELAYQ_HOME": str(home),
         "RELAYQ_DATABASE_URL": url,
-        "RELAYQ_KEY_PREFIX": f"relayq-bench-{home.name}-{os.getpid()}:",
+        "RELAYQ_KEY_PREFIX": prefix,
         "RELAYQ_AGENTS": "bench.agents",
         "RELAYQ_BENCH_MODEL_URL": f"http://127.0.0.1:{port}/v1",
         "RELAYQ_BENCH_KEY": "bench-key",
@@ -255,11 +266,7 @@ def one(args: argparse.Namespace, home: Path, store: str, pool: str, port: int) 
     broker = redis_url()
     if broker:
         env["RELAYQ_BROKER_URL"] = broker
-    try:
-        return [asyncio.run(measure(env, pool, concurrency, runs, args.turns, home))]
-    finally:
-        if store != "sqlite":
-            drop_postgres(name)
+    return env
 
 
 def print_table(results: list[Outcome], latency: float) -> None:

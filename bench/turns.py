@@ -28,10 +28,10 @@ from pathlib import Path
 from sqlalchemy import text
 
 from bench.inflight import (
+    bench_env,
     drop_postgres,
     free_port,
     postgres_url,
-    redis_url,
     start_worker,
     wait_all,
     wait_ready,
@@ -134,19 +134,7 @@ def one(args: argparse.Namespace, base: Path, store: str) -> list[Cost]:
         print(f"skipping {store}: no server", file=sys.stderr)
         return []
     port = free_port()
-    env = {
-        **os.environ,
-        "RELAYQ_HOME": str(home),
-        "RELAYQ_DATABASE_URL": url,
-        "RELAYQ_KEY_PREFIX": f"relayq-bench-turns-{os.getpid()}-{store}:",
-        "RELAYQ_AGENTS": "bench.agents",
-        "RELAYQ_BENCH_MODEL_URL": f"http://127.0.0.1:{port}/v1",
-        "RELAYQ_BENCH_KEY": "bench-key",
-        "NO_PROXY": "127.0.0.1,localhost",
-    }
-    broker = redis_url()
-    if broker:
-        env["RELAYQ_BROKER_URL"] = broker
+    env = bench_env(home, url, port, f"relayq-bench-turns-{os.getpid()}-{store}:")
     out = []
     try:
         for length in args.lengths:

@@ -9,10 +9,12 @@ the tables for asserting.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from sqlalchemy import event
 from sqlmodel import SQLModel, col, select
 
 from relayq import (
@@ -219,3 +221,18 @@ def snapshot(db: Database) -> dict[str, list[dict[str, Any]]]:
         name: [row.model_dump() for row in _all(db, table, order=order)]
         for name, (table, order) in tables.items()
     }
+
+
+@contextmanager
+def statements(db: Database) -> Iterator[list[str]]:
+    """The SQL statements run while open (an executemany counts once)."""
+    seen: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", note)
+    try:
+        yield seen
+    finally:
+        event.remove(db.engine, "before_cursor_execute", note)

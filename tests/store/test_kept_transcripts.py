@@ -3,11 +3,7 @@ reads none of it, and anything that changed the run meanwhile makes the claim re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
-
-from sqlalchemy import event
 
 from relayq import Agent
 from relayq.relay import RelayResult, relay_answer
@@ -16,21 +12,7 @@ from tasks.transcripts import Transcripts
 from tasks.turns import drive_turn
 from tests.relayq.scripted import calls, text
 
-from .driver import local_kit, model_of, relay_kit, relay_turn, runtime, start
-
-
-@contextmanager
-def statements(db: Database) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", note)
-    try:
-        yield seen
-    finally:
-        event.remove(db.engine, "before_cursor_execute", note)
+from .driver import local_kit, model_of, relay_kit, relay_turn, runtime, start, statements
 
 
 def reads_of_messages(seen: list[str]) -> list[str]:

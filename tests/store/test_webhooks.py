@@ -5,11 +5,9 @@ Time is passed in (`now=`), never slept.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from store import Database
 from store.events import emit
@@ -26,6 +24,7 @@ from store.webhooks import (
     list_deliveries,
     record,
 )
+from tests.store.driver import statements
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=utcnow().tzinfo)
 LEASE = timedelta(seconds=30)
@@ -44,21 +43,6 @@ def events(db: Database, *types: str, at: datetime = T0) -> list[str]:
 
 def deliveries(db: Database) -> list[DeliveryRow]:
     return sorted(list_deliveries(db, limit=100_000), key=lambda d: d.id or 0)
-
-
-@contextmanager
-def statements(db: Database) -> Iterator[list[str]]:
-    """The SQL statements run while open (an executemany counts once)."""
-    seen: list[str] = []
-
-    def count(conn, cursor, statement, parameters, context, executemany):
-        seen.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        event.remove(db.engine, "before_cursor_execute", count)
 
 
 def failed(delivery_id: int, status: int | None = 503, **kw) -> Attempt:
