@@ -331,7 +331,10 @@ async def test_history_shows_who_decided_what_and_when_and_a_run_page_its_story(
 ):
     # Given two refunds: one approved by fay, one declined by gil
     first, second = await start_refunds(durable, tag, 2)
-    approved, declined = ids_of(await waiting(api, tag, 2, eventually))
+    opened = await waiting(api, tag, 2, eventually)
+    # Two requests opened in the same instant list in either order: pair them by run
+    by_run = {item["runId"]: item["request"]["id"] for item in opened}
+    approved, declined = by_run[first], by_run[second]
     async with inbox_session(api, FAY) as (http, csrf):
         await http.post(f"/requests/{approved}/approve", data={"csrf_token": csrf})
     async with inbox_session(api, GIL) as (http, csrf):
@@ -347,12 +350,13 @@ async def test_history_shows_who_decided_what_and_when_and_a_run_page_its_story(
         run_page = await http.get(f"/runs/{first}")
 
     # Then the history lists both, newest first, with who, when and what
-    assert listed(history.text) == [declined, approved]
+    assert listed(history.text) == list(reversed(ids_of(opened)))
     assert count_line(history.text) == "Showing 1–2 of 2 decided requests matching the filters"
     outcomes = re.findall(r'<p class="outcome">(.*?)</p>', history.text, re.S)
     text = [" ".join(unescape(re.sub(r"<[^>]+>", "", o)).split()) for o in outcomes]
-    assert re.fullmatch(r"declined by gil at [-0-9: ]+UTC: not ours", text[0]), text[0]
-    assert text[1].startswith("approved by fay at ")
+    outcome = dict(zip(listed(history.text), text, strict=True))
+    assert re.fullmatch(r"declined by gil at [-0-9: ]+UTC: not ours", outcome[declined])
+    assert outcome[approved].startswith("approved by fay at ")
     assert len(listed(only_declined.text)) == 2  # both were answered; neither expired
     assert listed(open_now.text) == []
 
