@@ -8,11 +8,12 @@ providers implement it directly.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
-from pydantic import Field
+from pydantic import Field, SkipValidation
 from pydantic.dataclasses import dataclass
 
 from relayq._types import Usage
@@ -40,14 +41,20 @@ class InProcessResponse:
 
 @dataclass(frozen=True)
 class InProcessRequest:
-    """What the model is asked: the transcript in OpenAI chat shape and the tools."""
+    """What the model is asked: the transcript in OpenAI chat shape and the tools.
 
-    messages: list[dict[str, Any]]
+    Its lists are neither checked nor copied when it is built: the loop builds it from
+    the run's own transcript, and walking a conversation of 800 turns at every turn
+    would make each turn cost more than the last. A `generate` function is given a
+    copy of its own (`as_model`); the providers only read it.
+    """
+
+    messages: SkipValidation[list[dict[str, Any]]]
     """Chat messages, the system prompt first when there is one."""
-    tools: list[dict[str, Any]]
+    tools: SkipValidation[list[dict[str, Any]]]
     """Tools in OpenAI function shape."""
     model: str = "in-process"
-    transcript: list[dict[str, Any]] = Field(default_factory=list)
+    transcript: SkipValidation[list[dict[str, Any]]] = Field(default_factory=list)
     """The same messages with relayq's notes kept (a tool result's error flag, ...),
     for providers whose wire format has room for them."""
 
@@ -59,9 +66,19 @@ Generate: TypeAlias = Callable[
 
 
 def as_model(generate: Generate) -> Model:
-    """An async model from a sync or async `generate`; sync ones run in a thread."""
+    """An async model from a sync or async `generate`; sync ones run in a thread.
+
+    `generate` gets a deep copy of the request: whatever it changes in it, the run's
+    transcript stays as it was.
+    """
 
     async def model(request: InProcessRequest) -> InProcessResponse:
+        messages, tools, transcript = copy.deepcopy(
+            (request.messages, request.tools, request.transcript)
+        )
+        request = InProcessRequest(
+            messages=messages, tools=tools, model=request.model, transcript=transcript
+        )
         if inspect.iscoroutinefunction(generate):
             out = await generate(request)
         else:

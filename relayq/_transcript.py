@@ -115,8 +115,12 @@ def answered_placeholder(message: dict[str, Any], answer: Answer) -> dict[str, A
 
 
 def for_model(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The transcript as a model sees it: chat shape, without relayq's notes."""
-    return [{k: v for k, v in m.items() if k != NOTE} for m in messages]
+    """The transcript as a model sees it: chat shape, without relayq's notes.
+
+    A message with no note is itself, not a copy: the models only read them
+    (`InProcessRequest`), and a long conversation is not copied at every turn.
+    """
+    return [m if NOTE not in m else {k: v for k, v in m.items() if k != NOTE} for m in messages]
 
 
 def check(messages: list[dict[str, Any]]) -> None:

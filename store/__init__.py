@@ -34,7 +34,16 @@ from store.models import (
     WorkerRow,
 )
 from store.paging import BadQuery, Page
-from store.queries import RunView, get_run, list_runs, run_result, run_view, settled, transcript
+from store.queries import (
+    RunView,
+    get_run,
+    list_runs,
+    run_result,
+    run_view,
+    settled,
+    settled_many,
+    transcript,
+)
 from store.requests import (
     RequestPage,
     RequestQuery,
@@ -48,6 +57,7 @@ from store.requests import (
 )
 from store.runs import cancel_run, create_run, create_runs
 from store.turns import (
+    Charge,
     Claim,
     cancel_requested,
     claim_turn,
@@ -76,6 +86,7 @@ __all__ = [
     "RunRow",
     "WorkerRow",
     # runs and turns
+    "Charge",
     "Claim",
     "cancel_requested",
     "claim_turn",
@@ -95,6 +106,7 @@ __all__ = [
     "run_result",
     "save_reply",
     "settled",
+    "settled_many",
     "transcript",
     "RunView",
     "run_view",

@@ -8,8 +8,12 @@ reads an outcome instead of running its call again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from sqlalchemy import Connection
 
 from relayq import Request, ToolResult
 from store import statements as sql
@@ -17,7 +21,25 @@ from store.db import Database
 from store.messages import storable_text
 from store.models import utcnow
 
-__all__ = ["ledger_get", "ledger_put", "ledger_start", "ledger_values"]
+__all__ = [
+    "LedgerEntry",
+    "ledger_get",
+    "ledger_put",
+    "ledger_put_all",
+    "ledger_start",
+    "ledger_values",
+    "write_entries",
+]
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A finished call's outcome, to record."""
+
+    at: int
+    call_id: str
+    attempt: str
+    outcome: ToolResult | Request
 
 
 def ledger_values(
@@ -75,3 +97,23 @@ def ledger_put(
         conn.execute(sql.ledger_finish(conn.dialect.name), values)
         cancel = conn.execute(sql.CANCEL_FLAG, {"rid": run_id}).scalar_one_or_none()
         return cancel is None or bool(cancel)
+
+
+def ledger_put_all(db: Database, run_id: str, entries: Sequence[LedgerEntry]) -> bool:
+    """`ledger_put` for several outcomes in one transaction."""
+    with db.transaction() as conn:
+        write_entries(conn, run_id, entries, now=utcnow())
+        cancel = conn.execute(sql.CANCEL_FLAG, {"rid": run_id}).scalar_one_or_none()
+        return cancel is None or bool(cancel)
+
+
+def write_entries(
+    conn: Connection, run_id: str, entries: Sequence[LedgerEntry], *, now: datetime
+) -> None:
+    """Record outcomes inside the caller's transaction (a turn's finish writes its last)."""
+    if entries:
+        rows = [
+            ledger_values(run_id, e.at, e.call_id, e.attempt, e.outcome, executions=1, now=now)
+            for e in entries
+        ]
+        conn.execute(sql.ledger_finish(conn.dialect.name), rows)

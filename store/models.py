@@ -74,15 +74,16 @@ class RunRow(SQLModel, table=True):
             sqlite_where=text("replaced_by IS NULL"),
             postgresql_where=text("replaced_by IS NULL"),
         ),
-        # The metrics' runs by agent and status, counted from the index alone (migration
-        # 0006: 100,000 runs in 7 ms on SQLite, 80 ms without it).
-        Index("ix_relayq_runs_agent_status", "agent", "status"),
+        # Runs by status (the sweeper's, the lists'), and the metrics' runs by status and
+        # agent counted from the index alone. One index, not two: every turn moves its
+        # run's status twice, and each index on it is a page rewritten (migration 0009).
+        Index("ix_relayq_runs_status_agent", "status", "agent"),
     )
 
     id: str = Field(primary_key=True)
     agent: str = Field(index=True)
     conversation_id: str = Field(index=True)
-    status: str = Field(index=True)
+    status: str
     version: int = 0
     """Bumped by every state change; a turn message carries the version it may claim."""
     start_seq: int = 0
@@ -358,7 +359,9 @@ class OutboxRow(SQLModel, table=True):
     """What Flower shows as the task's arguments: ids and turn, never content."""
     sends: int = 0
     created_at: datetime = _time(nullable=False)
-    published_at: datetime | None = _time(index=True)
+    published_at: datetime | None = _time()
+    """When it was sent; None until then. Unindexed: the outbox holds only messages whose
+    effect is still to come (`store.outbox.prune`), so the sweeper reads it whole."""
 
 
 class WorkerRow(SQLModel, table=True):

@@ -52,6 +52,10 @@ _INSERT_KEEPING_BATCH = (
     .values(queue=batch_queue_or(bindparam("named")))
     .returning(_TABLE.c.id, _TABLE.c.queue)
 )
+# A run's rows before its newest turn message: spent (see `enqueue_turn`).
+_SPENT = _TABLE.delete().where(
+    _TABLE.c.run_id == bindparam("rid"), _TABLE.c.id < bindparam("newest")
+)
 _LAST_QUEUE = (
     sa_select(_TABLE.c.queue)
     .where(_TABLE.c.run_id == bindparam("rid"), _TABLE.c.task == TURN_TASK)
@@ -76,6 +80,10 @@ def enqueue_turn(
     answer applied, a run taken over from a dead worker) follows its run. A run
     of a batch keeps to its batch's queue (`store.batch_queues`) whatever its
     agent's queue is.
+
+    The run's earlier rows are deleted: a turn is queued only once every message
+    sent for the run before has taken effect (the turn claimed, the answer
+    applied), so the outbox holds one row per unfinished run, not one per turn.
     """
     values: dict[str, Any] = {
         "task": TURN_TASK,
@@ -93,6 +101,7 @@ def enqueue_turn(
     else:
         values["queue"] = queue or _last_queue(session, run_id)
         row_id = session.execute(_INSERT, values).scalar_one()
+    session.execute(_SPENT, {"rid": run_id, "newest": row_id})
     return OutboxRow(id=row_id, **values)
 
 

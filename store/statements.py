@@ -74,11 +74,11 @@ _HELD_BY = (
 
 
 # A model's reply kept: the claim check, and what the call spent added to the run's totals.
+# `updated_at` stays: it is indexed, and the turn's finish stamps it a moment later.
 REPLY_SAVED = (
     RUNS.update()
     .where(*_HELD_BY)
     .values(
-        updated_at=bindparam("now"),
         turns=RUNS.c.turns + 1,
         prompt_tokens=RUNS.c.prompt_tokens + bindparam("prompt"),
         completion_tokens=RUNS.c.completion_tokens + bindparam("completion"),
@@ -90,15 +90,25 @@ REPLY_SAVED = (
 
 
 @functools.cache
-def finish(to: str) -> Any:
-    """The claim check and the run's new state after a turn, in one statement."""
-    return transition("running", to, returning=("id",)).values(
+def finish(to: str, *, charged: bool = False) -> Any:
+    """The claim check and the run's new state after a turn, in one statement; `charged`:
+    with the reply's spending too (`REPLY_SAVED`'s), for a reply first written here."""
+    stmt = transition("running", to, returning=("id", "cancel_requested")).values(
         tools_digest=func.coalesce(RUNS.c.tools_digest, bindparam("digest")),
         attempts=0,
         crashes=0,
         error=None,
         text=bindparam("text"),
     )
+    if charged:
+        stmt = stmt.values(
+            turns=RUNS.c.turns + 1,
+            prompt_tokens=RUNS.c.prompt_tokens + bindparam("prompt"),
+            completion_tokens=RUNS.c.completion_tokens + bindparam("completion"),
+            total_tokens=RUNS.c.total_tokens + bindparam("total"),
+            cost=RUNS.c.cost + bindparam("cost"),
+        )
+    return stmt
 
 
 BATCHES = BatchRow.__table__  # type: ignore[attr-defined]

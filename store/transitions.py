@@ -18,6 +18,9 @@ moves it to `to`, bumps its version, stamps `updated_at`, and, leaving
 `running`, drops the claim. The statement is built once per edge and reused;
 no path writes a run's status by hand. An edge not in the table is an
 `IllegalTransition`, raised when the statement is asked for.
+
+A run that finishes has had every message sent for it take effect: `move`
+deletes its outbox rows (`SPENT_MESSAGES`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from sqlmodel import Session
 
 from relayq import RelayqError
 from store.errors import StaleClaim
-from store.models import FINISHED, RunRow
+from store.models import FINISHED, OutboxRow, RunRow
 
 __all__ = [
     "STATUSES",
@@ -40,6 +43,7 @@ __all__ = [
     "ONE_MORE_ATTEMPT",
     "ONE_MORE_CRASH",
     "RunStatus",
+    "SPENT_MESSAGES",
     "allowed",
     "move",
     "transition",
@@ -90,6 +94,7 @@ def allowed(frm: str, to: str) -> bool:
 
 
 _RUNS = RunRow.__table__  # type: ignore[attr-defined]
+_OUTBOX = OutboxRow.__table__  # type: ignore[attr-defined]
 _CLAIM_FIELDS = ("claimed_by", "worker", "lease_until")
 
 
@@ -146,7 +151,14 @@ def move(s: Session, run: RunRow, to: str, *, now: datetime, **values: Any) -> N
     done = s.execute(stmt, {"rid": run.id, "v": run.version, "now": now})
     if done.rowcount != 1:  # type: ignore[attr-defined]
         raise StaleClaim(run.id, run.version)
+    if to in FINISHED:
+        s.execute(SPENT_MESSAGES, {"rid": run.id})
     s.expire(run)
+
+
+SPENT_MESSAGES = _OUTBOX.delete().where(_OUTBOX.c.run_id == bindparam("rid"))
+"""A finished run's outbox rows: every message sent for it has had its effect (a late
+duplicate finds the run finished and does nothing), so the outbox keeps none of them."""
 
 
 ONE_MORE_ATTEMPT = _RUNS.c.attempts + 1

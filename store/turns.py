@@ -9,28 +9,31 @@ so a turn that lost its run writes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from sqlmodel import Session
 
+from relayq import Usage
 from relayq import _transcript as tx
 from relayq.loop import Turn
 from store import statements as sql
 from store.db import Database
 from store.errors import StaleClaim
 from store.events import emit
-from store.ledger import ledger_values
+from store.ledger import LedgerEntry, ledger_values, write_entries
 from store.messages import conversation, storable_text, write_messages
 from store.models import OutboxRow, RunRow, utcnow
 from store.outbox import enqueue_turn
 from store.requests import open_request
 from store.runs import cancel_locked, fail_locked, label_of
-from store.transitions import ONE_MORE_ATTEMPT, ONE_MORE_CRASH, move
+from store.transitions import ONE_MORE_ATTEMPT, ONE_MORE_CRASH, SPENT_MESSAGES, move
 from store.workers import WORKER_TIMEOUT, holder_alive
 
 __all__ = [
+    "Charge",
     "Claim",
     "cancel_requested",
     "claim_turn",
@@ -192,7 +195,6 @@ def save_reply(
             {
                 "rid": claim.run_id,
                 "v": claim.version,
-                "now": now,
                 "prompt": usage.prompt_tokens,
                 "completion": usage.completion_tokens,
                 "total": usage.total_tokens,
@@ -220,6 +222,16 @@ def cancel_requested(db: Database, run_id: str) -> bool:
         return run is None or run.cancel_requested
 
 
+@dataclass(frozen=True)
+class Charge:
+    """What a reply first written with its turn's end spent (`save_reply` counts the rest)."""
+
+    usage: Usage
+    cost: float = 0.0
+    batch: str | None = None
+    """The batch whose spending it adds to (a batch with a budget), if any."""
+
+
 def finish_turn(
     db: Database,
     claim: Claim,
@@ -230,32 +242,49 @@ def finish_turn(
     request_ttl: timedelta | None = None,
     on_expiry: str = "error",
     queue: str | None = None,
+    charge: Charge | None = None,
+    entries: Sequence[LedgerEntry] = (),
 ) -> list[OutboxRow]:
     """Persist what a turn did and what comes next, in one transaction.
 
     `before` is the transcript as stored (with the model's reply if it was saved);
-    the next turn goes to `queue` (by default where this one came from). The
-    reply's spending was counted when it was saved (`save_reply`).
+    the next turn goes to `queue` (by default where this one came from). A reply
+    saved before its tools ran was counted then (`save_reply`); one written here
+    comes with its `charge`. `entries` are tool outcomes not yet in the ledger.
+    A run asked to cancel while its turn ran does not open its request: it is
+    cancelled.
     """
     now = utcnow()
     turns = claim.turns + (1 if turn.model_called else 0)
     status = "queued" if turn.status == "next" else turn.status
+    values: dict[str, Any] = {
+        "rid": claim.run_id,
+        "v": claim.version,
+        "digest": tools_digest,
+        "now": now,
+        "text": storable_text(turn.text) if turn.status == "done" else None,
+    }
+    if charge is not None:
+        usage = charge.usage
+        values |= {
+            "prompt": usage.prompt_tokens,
+            "completion": usage.completion_tokens,
+            "total": usage.total_tokens,
+            "cost": charge.cost,
+        }
     # Only opening a request needs the ORM; every other ending is plain statements.
     scope = db.write() if turn.status == "pending" else db.transaction()
     with scope as s:
         # The claim check and the run's new state in one statement.
-        held = s.execute(
-            sql.finish(status),
-            {
-                "rid": claim.run_id,
-                "v": claim.version,
-                "digest": tools_digest,
-                "now": now,
-                "text": storable_text(turn.text) if turn.status == "done" else None,
-            },
-        ).first()
+        held = s.execute(sql.finish(status, charged=charge is not None), values).first()
         if held is None:
             raise StaleClaim(claim.run_id, claim.version)
+        if charge is not None and charge.batch is not None:
+            spent = {"bid": charge.batch, "tokens": charge.usage.total_tokens, "spent": charge.cost}
+            s.execute(sql.CHARGE_BATCH, spent)
+        write_entries(
+            s.connection() if isinstance(s, Session) else s, claim.run_id, entries, now=now
+        )
         write_messages(s, claim.conversation_id, claim.run_id, before, turn.messages)
         if turn.status == "next":
             label = f"run={claim.run_id} agent={claim.agent} turn={turns + 1}"
@@ -265,8 +294,12 @@ def finish_turn(
             assert isinstance(s, Session)
             run = s.get(RunRow, claim.run_id)
             assert run is not None
-            open_request(s, run, turn.pending, now, ttl=request_ttl, on_expiry=on_expiry)
+            if held.cancel_requested:
+                cancel_locked(s, run, now)
+            else:
+                open_request(s, run, turn.pending, now, ttl=request_ttl, on_expiry=on_expiry)
             return []
+        s.execute(SPENT_MESSAGES, {"rid": claim.run_id})
         emit(s, "run.finished", run_id=claim.run_id, now=now, agent=claim.agent, status=status)
         return []
 

@@ -66,8 +66,9 @@ _REQUESTS = RequestRow.__table__  # type: ignore[attr-defined]
 _DECISIONS = DecisionRow.__table__  # type: ignore[attr-defined]
 _WORKERS = WorkerRow.__table__  # type: ignore[attr-defined]
 
+# Grouped in the (status, agent) index's order: counted from the index, nothing sorted.
 _RUN_COUNTS = select(_RUNS.c.agent, _RUNS.c.status, func.count()).group_by(
-    _RUNS.c.agent, _RUNS.c.status
+    _RUNS.c.status, _RUNS.c.agent
 )
 # One row: all open requests, those younger than each bound, and the oldest's opening.
 _OPEN = select(

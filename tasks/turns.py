@@ -31,6 +31,7 @@ from relayq.loop import Journal, Turn, take_turn
 from relayq.ratelimit import Throttled
 from relayq.relay import relay_calls_of
 from store import (
+    Charge,
     Claim,
     OutboxRow,
     StaleClaim,
@@ -39,7 +40,6 @@ from store import (
     finish_cancelled,
     finish_turn,
     ledger_get,
-    ledger_put,
     ledger_start,
     list_requests,
     requeue_turn,
@@ -47,6 +47,7 @@ from store import (
     save_reply,
 )
 from store.budgets import Gate, batch_has_budget, budget_gate
+from store.ledger import LedgerEntry, ledger_put_all
 from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
 from tasks.limiter import limited_model
 from tasks.metrics import cost_of, observed_model, observed_turn
@@ -121,6 +122,13 @@ class StoreJournal(Journal):
 
     It is also the turn's cancel flag: every write reads the run's flag in the
     same transaction, so boundaries see a cancel without a query of their own.
+
+    What a crash could not lose is written with the turn's end instead of on its
+    own: a reply that runs no tool of ours (its final text, its relay calls), and
+    the outcome of a call that finished with no other call of the turn running.
+    Between either and the turn's end nothing runs but the loop's own code, so
+    a turn taken over redoes the same as it would have; and a turn saves a
+    transaction, or two.
     """
 
     def __init__(
@@ -129,12 +137,15 @@ class StoreJournal(Journal):
         claim: Claim,
         task: TaskRef | None = None,
         *,
+        runs_tool: Callable[[str], bool] = lambda name: True,
         price: Callable[[Usage], float | None] = lambda usage: None,
         charge_batch: str | None = None,
     ) -> None:
         self.rt = rt
         self.claim = claim
         self.task = task
+        self.runs_tool = runs_tool
+        """Whether a call of this name runs a tool of ours (not a relay tool, not unknown)."""
         self.price = price
         """What a reply's usage cost (None: no price)."""
         self.charge_batch = charge_batch
@@ -142,12 +153,22 @@ class StoreJournal(Journal):
         self._fresh: int | None = None
         self.stored = claim.messages
         """The transcript as the store holds it now."""
+        self.charge: Charge | None = None
+        """The reply's spending, when the reply is left for the turn's end to write."""
+        self.entries: list[LedgerEntry] = []
+        """Outcomes left for the turn's end (or the next call's start) to record."""
+        self._running = 0
 
     def is_set(self) -> bool:
         return self.cancelled
 
     async def model_replied(self, messages: list[dict[str, Any]]) -> None:
-        cost = self.price(tx.usage_in(messages[-1])) or 0.0
+        usage = tx.usage_in(messages[-1])
+        cost = self.price(usage) or 0.0
+        calls = messages[-1].get("tool_calls") or []
+        if not any(self.runs_tool(c["function"]["name"]) for c in calls):
+            self.charge = Charge(usage, cost, self.charge_batch)
+            return
         self.cancelled = await self.rt.io(
             save_reply,
             self.rt.db,
@@ -158,8 +179,7 @@ class StoreJournal(Journal):
         )
         self._fresh = len(messages) - 1
         self.stored = list(messages)
-        if messages[-1].get("tool_calls"):
-            _progress(self.task, self.claim, "tools")
+        _progress(self.task, self.claim, "tools")
 
     async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
         if at == self._fresh and not attempt:
@@ -167,6 +187,9 @@ class StoreJournal(Journal):
         return await self.rt.io(ledger_get, self.rt.db, self.claim.run_id, at, call_id, attempt)
 
     async def starting(self, at: int, call_id: str, attempt: str) -> int:
+        # What finished before this call starts is kept first: the call may kill the worker.
+        await self.flush()
+        self._running += 1
         if at == self._fresh and not attempt:
             return 1  # counted when the reply was saved
         return await self.rt.io(ledger_start, self.rt.db, self.claim.run_id, at, call_id, attempt)
@@ -174,9 +197,18 @@ class StoreJournal(Journal):
     async def record(
         self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
     ) -> None:
-        self.cancelled = await self.rt.io(
-            ledger_put, self.rt.db, self.claim.run_id, at, call_id, attempt, outcome
-        )
+        self._running -= 1
+        self.entries.append(LedgerEntry(at, call_id, attempt, outcome))
+        if self._running > 0:
+            await self.flush()  # another call still runs, and may kill the worker
+
+    async def flush(self) -> None:
+        """Record the outcomes left for later now."""
+        if self.entries:
+            entries, self.entries = self.entries, []
+            self.cancelled = await self.rt.io(
+                ledger_put_all, self.rt.db, self.claim.run_id, entries
+            )
 
 
 def _missing_relay_tools(rt: Runtime, claim: Claim, relay_names: frozenset[str]) -> list[str]:
@@ -188,7 +220,7 @@ def _missing_relay_tools(rt: Runtime, claim: Claim, relay_names: frozenset[str])
 
 async def _turn(
     rt: Runtime, task: TaskRef | None, claim: Claim, agent: Agent, gate: Gate
-) -> tuple[Turn, list[dict[str, Any]], str]:
+) -> tuple[Turn, StoreJournal, str]:
     toolkit = await agent.toolkit()
     digest = toolkit.digest()
     if claim.tools_digest not in (None, digest):
@@ -199,10 +231,16 @@ async def _turn(
                 f"that run {claim.run_id} used; it cannot resume",
                 agent.name,
             )
+
+    def runs_tool(name: str) -> bool:
+        tool = toolkit.get(name)
+        return tool is not None and not tool.is_relay
+
     journal = StoreJournal(
         rt,
         claim,
         task,
+        runs_tool=runs_tool,
         price=lambda usage: cost_of(agent, usage),
         charge_batch=gate.charge_batch,
     )
@@ -221,8 +259,7 @@ async def _turn(
             journal=journal,
             cancel=journal,
         )
-    # What is already stored (the reply, if saved) need not be written again.
-    return turn, journal.stored, digest
+    return turn, journal, digest
 
 
 def _time_limit(settings: Settings, agent: Agent) -> float:
@@ -292,17 +329,20 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
         if gate.verdict != "go":
             return _stopped_by_budget(gate)
         _progress(task, claim, "model")
-        turn, before, digest = await _turn(rt, task, claim, agent, gate)
+        turn, journal, digest = await _turn(rt, task, claim, agent, gate)
         outbox = await rt.io(
             finish_turn,
             rt.db,
             claim,
-            before,
+            # What is already stored (the reply, if saved) is not written again.
+            journal.stored,
             turn,
             tools_digest=digest,
             request_ttl=agent.request_ttl,
             on_expiry=agent.on_expiry,
             queue=agent.queue,
+            charge=journal.charge,
+            entries=journal.entries,
         )
     except StaleClaim:
         return Outcome("skipped: lost the claim")

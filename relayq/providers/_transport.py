@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import ssl
+import json
 import time
-import weakref
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
-
-import certifi
-import httpx
 
 from relayq._errors import ModelError
 from relayq._model import InProcessRequest, InProcessResponse
@@ -27,6 +24,7 @@ from relayq._retry import backoff
 from relayq.limits import ERROR_TEXT_LIMIT, redact_secrets, safe_text, without_echoes
 from relayq.providers import _anthropic, _openai
 from relayq.providers._config import ProviderConfig
+from relayq.providers._http import UNREACHABLE, Answer, Sessions
 from relayq.providers._wire import Reply, ToolChoice
 
 __all__ = ["RETRYABLE_STATUS", "ProviderModel", "redact"]
@@ -35,10 +33,6 @@ RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504, 529})
 # Of an error's message, only this much is read for echoes of the request;
 # less than that is kept.
 _READ_CAP = 4 * ERROR_TEXT_LIMIT
-# Connections per httpx pool: a pool scans all its connections at every
-# request: with 500 in flight a call cost 1.9 ms of CPU in shards of 32
-# and 1.0 ms in shards of 8.
-_SHARD_SIZE = 8
 
 
 def redact(text: str, *secrets: str | None) -> str:
@@ -46,7 +40,7 @@ def redact(text: str, *secrets: str | None) -> str:
     return redact_secrets(text, *secrets)
 
 
-def _retry_after(headers: httpx.Headers) -> float | None:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
     if "retry-after-ms" in headers:
         try:
             return float(headers["retry-after-ms"]) / 1000
@@ -66,9 +60,9 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _error(response: httpx.Response, where: str, key: str, request: dict[str, Any]) -> ModelError:
+def _error(response: Answer, where: str, key: str, request: dict[str, Any]) -> ModelError:
     """The provider's status, error type and message, safe to store and to log."""
-    status = response.status_code
+    status = response.status
     kind, message = _error_of(response)
     # Echoes out and keys redacted before cutting: a key cut in half would no longer match.
     text = safe_text(redact(without_echoes(message[:_READ_CAP], _texts_of(request)), key))
@@ -84,13 +78,13 @@ def _error(response: httpx.Response, where: str, key: str, request: dict[str, An
     )
 
 
-def _error_of(response: httpx.Response) -> tuple[str, str]:
+def _error_of(response: Answer) -> tuple[str, str]:
     """The error's type and message from an OpenAI- or Anthropic-shaped body; of any other
     body, its text as the message. Every other field (a `param`, an echoed request) is left."""
     try:
-        body = response.json()
+        body = json.loads(response.body)
     except ValueError:
-        return "", response.text
+        return "", response.text()
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, str):
         return "", error
@@ -132,13 +126,10 @@ class ProviderModel:
         self._api_key = api_key
         self._dialect = _anthropic if config.style == "anthropic" else _openai
         self._url = self._dialect.path(config.base_url)
-        # Connection pools per event loop (a pool cannot cross loops), several
-        # of them: httpx scans its whole pool on every request, which costs more
-        # than the request itself once hundreds of connections are open.
-        self._clients: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, list[httpx.AsyncClient]
-        ] = weakref.WeakKeyDictionary()
-        self._turn = 0
+        self._where = f"{config.style} endpoint {urlsplit(self._url).netloc}"
+        self._sessions = Sessions(
+            self._url, max_connections=config.max_connections, timeout=config.timeout
+        )
 
     def __repr__(self) -> str:
         return (
@@ -184,45 +175,28 @@ class ProviderModel:
     async def _post(self, body: dict[str, Any]) -> Reply:
         key = self.config.resolve_key(self._api_key)
         headers = {**self.config.headers, **self._dialect.headers(key)}
-        where = f"{self.config.style} endpoint {urlsplit(self._url).netloc}"
+        where = self._where
+        # Compact UTF-8 without NaN, as providers take it (and as httpx sent it).
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         try:
-            response = await self._client().post(
-                self._url, json=body, headers=headers, timeout=self.config.timeout
-            )
-        except httpx.TimeoutException:
+            response = await self._sessions.post(data.encode(), headers)
+        except TimeoutError:  # first: a timeout is one of UNREACHABLE's kinds too
             raise ModelError(
                 f"{where} timed out after {self.config.timeout:g} s", retryable=True
             ) from None
-        except httpx.TransportError as exc:
+        except UNREACHABLE as exc:
             raise ModelError(
                 f"{where} unreachable: {safe_text(redact(str(exc), key))}", retryable=True
             ) from None
-        if response.status_code >= 400:
+        if response.status >= 400:
             raise _error(response, where, key, body)
         try:
-            reply: Reply = self._dialect.decode(response.json())
+            reply: Reply = self._dialect.decode(json.loads(response.body))
             return reply
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             text = safe_text(redact(str(exc), key))
             raise ModelError(f"{where} sent an unreadable response: {text}") from None
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        shards = self._clients.get(loop)
-        if shards is None or shards[0].is_closed:
-            count = max(1, -(-self.config.max_connections // _SHARD_SIZE))
-            per_shard = -(-self.config.max_connections // count)
-            limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
-            tls = ssl.create_default_context(cafile=certifi.where())  # loaded once, shared
-            shards = [
-                httpx.AsyncClient(limits=limits, timeout=self.config.timeout, verify=tls)
-                for _ in range(count)
-            ]
-            self._clients[loop] = shards
-        self._turn = (self._turn + 1) % len(shards)
-        return shards[self._turn]
-
     async def aclose(self) -> None:
-        """Close this loop's connection pools."""
-        for client in self._clients.pop(asyncio.get_running_loop(), []):
-            await client.aclose()
+        """Close this loop's connections."""
+        await self._sessions.aclose()

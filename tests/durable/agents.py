@@ -30,6 +30,7 @@ from relayq import (
 from relayq.approvals import requires_approval
 from relayq.relay import relay_tool
 from store import Database, LedgerRow
+from tests.durable import sent_messages  # noqa: F401  (what this process sends, recorded)
 
 
 def log_dir() -> Path:

@@ -15,6 +15,7 @@ from typing import Any
 
 from relayq import Agent, ToolContext, define_tool
 from relayq.providers import ProviderConfig
+from tests.durable import sent_messages  # noqa: F401  (what this process sends, recorded)
 
 
 def _number(name: str) -> int | None:

@@ -23,10 +23,9 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from sqlmodel import col, select
 
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
-from store import BatchRow, Database, OutboxRow, batch_results, batch_status
+from store import BatchRow, Database, batch_results, batch_status
 from store.batch_queues import batch_queue_name
 from tasks import DurableClient, Settings
 from tasks.broker import priority_lists
@@ -35,6 +34,7 @@ from tests.brokers import PrivateRedis
 from tests.conftest import Parts
 
 from .conftest import PG_ADMIN, Broker, Durable, Eventually, SpareWorkers, Worker, _postgres_url
+from .sent_messages import sent_messages
 from .test_cli_guidance import AGENTS as GUIDANCE_AGENTS
 from .test_cli_guidance import error_line, relayq
 
@@ -140,15 +140,14 @@ async def test_every_turn_of_a_batch_goes_to_its_queue_after_an_answer_and_on_a_
     try:
         with db.read() as s:
             batch = s.get(BatchRow, first.batch_id)
-            runs = [r.id for r in batch_results(db, first.batch_id)]
-            rows = s.exec(select(OutboxRow).where(col(OutboxRow.run_id).in_(runs))).all()
+            runs = {r.id for r in batch_results(db, first.batch_id)}
     finally:
         db.dispose()
     assert batch is not None
     assert batch.queue == queue
-    turns = [r for r in rows if r.task == "relayq.run_turn"]
+    turns = sent_messages(place.log, run_ids=runs)
     assert len(turns) == 5, "two turns of each answered run, the rerun's first"
-    assert {r.queue for r in turns} == {queue}
+    assert {t.queue for t in turns} == {queue}
 
 
 async def test_a_batch_started_with_no_worker_waits_at_low_priority_until_one_starts(

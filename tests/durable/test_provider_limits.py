@@ -30,11 +30,12 @@ from typing import Any
 import pytest
 from sqlmodel import col, select
 
-from store import OutboxRow, RunRow
+from store import RunRow
 from tasks import DurableClient, Settings
 from tests.provider_server import API_KEY, ProviderServer, Reply, error
 
 from .conftest import Durable, Worker
+from .sent_messages import sent_messages
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -197,14 +198,9 @@ def runs_of(pair: Durable, ids: list[str]) -> list[RunRow]:
 
 def requeued(pair: Durable, ids: list[str]) -> Counter[str]:
     """How many times each run's turns went back to their queue with a countdown (a retry,
-    or a wait for capacity too long to wait in place)."""
-    db = pair.db()
-    try:
-        with db.read() as s:
-            later = select(OutboxRow).where(col(OutboxRow.run_id).in_(ids), OutboxRow.countdown > 0)
-            return Counter(str(row.run_id) for row in s.exec(later))
-    finally:
-        db.dispose()
+    or a wait for capacity too long to wait in place), as the workers sent them."""
+    sent = sent_messages(pair.log, run_ids=set(ids))
+    return Counter(str(s.args[0]) for s in sent if s.countdown)
 
 
 async def test_two_workers_keep_to_requests_per_minute_together(

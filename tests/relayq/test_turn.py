@@ -93,3 +93,27 @@ async def test_a_finished_transcript_takes_no_further_turn():
     turn = await take_turn(done, tk, as_model(model), run_id="r")
 
     assert (turn.status, turn.text, model.calls) == ("done", "all done", 0)
+
+
+async def test_a_generate_function_that_changes_its_request_changes_no_transcript():
+    # Given a conversation with a tool call, and a model that scribbles over what it is given
+    tk = await counting_kit({})
+    messages = [tx.user_message("go", "run_1")]
+    turn = await take_turn(messages, tk, as_model(Script([calls(("c1", "work"))])), run_id="run_1")
+    before = [dict(m) for m in turn.messages]
+    tool_calls = [dict(c) for c in turn.messages[1]["tool_calls"]]
+
+    def scribble(req: Any) -> Any:
+        for m in [*req.messages, *req.transcript]:
+            m["content"] = "scribbled"
+            for call in m.get("tool_calls") or []:
+                call["id"] = "scribbled"
+        req.messages.clear()
+        return echo_tool_outputs(req)
+
+    # When it takes the next turn
+    after = await take_turn(turn.messages, tk, as_model(scribble), run_id="run_1")
+
+    # Then the transcript it was given is as it was
+    assert after.messages[: len(before)] == before
+    assert after.messages[1]["tool_calls"] == tool_calls

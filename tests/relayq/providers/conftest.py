@@ -24,22 +24,11 @@ def shared_server() -> Iterator[ProviderServer]:
         yield server
 
 
-@pytest.fixture(scope="package")
-def no_certificates(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("no-certificates"))
-
-
 @pytest.fixture(autouse=True)
-def direct_to_localhost(monkeypatch: pytest.MonkeyPatch, no_certificates: str) -> None:
-    """httpx honours proxy variables; the local server must be reached directly.
-
-    It also loads the whole CA bundle for every new client, a tenth of a second
-    each; the server speaks plain HTTP, so an empty certificate folder will do.
-    """
+def direct_to_localhost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transport honours proxy variables; the local server must be reached directly."""
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setenv("SSL_CERT_DIR", no_certificates)
-    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
 
 
 @pytest.fixture

@@ -1,0 +1,27 @@
+"""Fewer index writes per turn: runs' status in one index with its agent (not two), and
+no index on when an outbox message was sent (the outbox holds only messages in flight).
+
+Revision ID: 0009
+Revises: 0008
+"""
+
+from alembic import op
+
+revision = "0009"
+down_revision = "0008"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.drop_index("ix_relayq_runs_agent_status", table_name="relayq_runs")
+    op.drop_index("ix_relayq_runs_status", table_name="relayq_runs")
+    op.create_index("ix_relayq_runs_status_agent", "relayq_runs", ["status", "agent"])
+    op.drop_index("ix_relayq_outbox_published_at", table_name="relayq_outbox")
+
+
+def downgrade() -> None:
+    op.create_index("ix_relayq_outbox_published_at", "relayq_outbox", ["published_at"])
+    op.drop_index("ix_relayq_runs_status_agent", table_name="relayq_runs")
+    op.create_index("ix_relayq_runs_status", "relayq_runs", ["status"])
+    op.create_index("ix_relayq_runs_agent_status", "relayq_runs", ["agent", "status"])
