@@ -5,12 +5,14 @@
 
 For each length L, one asyncio worker process runs `--total / L` runs of L turns each
 (the same number of turns at every length) against the local model server answering
-at once. Measured from the worker's own counters (/proc): CPU seconds (user and
-system) and bytes written to storage, divided by the turns taken; and the store's
-growth per turn. On PostgreSQL the worker writes nothing itself: the server's
-write-ahead log grows instead (`pg_current_wal_lsn`, the whole server's, so run it
-on a quiet one). Each row's ratio is to the shortest length's, measured in the same
-run: a flat cost per turn is 1.0x at every length.
+at once, `--in-flight` runs at a time at every length (so only the length differs:
+more runs at once share the worker's costs per wakeup). Measured from the worker's
+own counters (/proc): CPU seconds (user and system) and bytes written to storage,
+divided by the turns taken; and the store's growth per turn. On PostgreSQL the
+worker writes nothing itself: the server's write-ahead log grows instead
+(`pg_current_wal_lsn`, the whole server's, so run it on a quiet one). Each row's
+ratio is to the shortest length's, measured in the same run: a flat cost per turn
+is 1.0x at every length.
 """
 
 from __future__ import annotations
@@ -117,7 +119,9 @@ def start_server(port: int, length: int) -> subprocess.Popen[bytes]:
     return server
 
 
-async def measure(env: dict[str, str], url: str, home: Path, length: int, runs: int) -> Cost:
+async def measure(
+    env: dict[str, str], url: str, home: Path, length: int, runs: int, in_flight: int
+) -> Cost:
     settings = Settings.from_env(env)
     client = DurableClient(settings=settings)
     log = home / f"worker-{length}.log"
@@ -129,8 +133,10 @@ async def measure(env: dict[str, str], url: str, home: Path, length: int, runs: 
         cpu, size = cpu_seconds(worker.pid), store_size(url, home)
         io = written(worker.pid) + wal_position(url)
         started = time.perf_counter()
-        ids = await client.start_many("bench-long", [f"long {i}" for i in range(runs)])
-        failed = await wait_all(client, set(ids))
+        failed = 0
+        for first in range(0, runs, in_flight):
+            prompts = [f"long {i}" for i in range(first, min(runs, first + in_flight))]
+            failed += await wait_all(client, set(await client.start_many("bench-long", prompts)))
         seconds = time.perf_counter() - started
         cpu = cpu_seconds(worker.pid) - cpu
         io = written(worker.pid) + wal_position(url) - io
@@ -159,7 +165,7 @@ def one(args: argparse.Namespace, base: Path, store: str) -> list[Cost]:
             server = start_server(port, length)
             try:
                 runs = max(1, args.total // length)
-                out.append(asyncio.run(measure(env, url, home, length, runs)))
+                out.append(asyncio.run(measure(env, url, home, length, runs, args.in_flight)))
             finally:
                 server.terminate()
                 server.wait(timeout=10)
@@ -169,8 +175,9 @@ def one(args: argparse.Namespace, base: Path, store: str) -> list[Cost]:
     return out
 
 
-def print_table(results: list[Cost]) -> None:
-    print(f"\none asyncio worker process, {os.cpu_count()} cores, model answering at once\n")
+def print_table(results: list[Cost], in_flight: int) -> None:
+    print(f"\none asyncio worker process, {os.cpu_count()} cores, model answering at once, "
+          f"{in_flight} runs at a time\n")  # fmt: skip
     print("| store | turns a run | runs | worker CPU ms/turn | vs shortest | kB written/turn "
           "| vs shortest | stored B/turn | seconds | not done |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -196,6 +203,7 @@ def parse() -> argparse.Namespace:
     add("--lengths", default="25,200,800", help="turns a run, comma-separated")
     add("--total", type=int, default=3200, help="turns at each length (runs = total / length)")
     add("--stores", default="sqlite", help="stores, comma-separated: sqlite,postgresql")
+    add("--in-flight", type=int, default=4, help="runs at a time, at every length")
     args = parser.parse_args()
     args.lengths = [int(n) for n in args.lengths.split(",")]
     return args
@@ -207,7 +215,7 @@ def main() -> None:
     results = []
     for store in args.stores.split(","):
         results += one(args, base, store)
-    print_table(results)
+    print_table(results, args.in_flight)
 
 
 if __name__ == "__main__":

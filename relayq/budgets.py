@@ -215,13 +215,17 @@ def next_call(messages: list[dict[str, Any]], price: Callable[[Usage], float | N
     """The guess at the model call a turn on `messages` is about to make: the run's
     previous call again (its prompt only grows); nothing when the reply is already in
     (its tools have yet to run) or the run has made no call yet."""
-    start = tx.run_start(messages)
     last = messages[-1] if messages else {}
     if last.get("role") == "assistant" and last.get("tool_calls"):
         return Spent()
-    for message in reversed(messages[start + 1 :]):
+    # Back from the end to the run's start (its user message): the latest call is near
+    # the end, and a conversation of 800 turns is not walked at every one.
+    for message in reversed(messages):
+        role = message.get("role")
+        if role == "user":
+            break
         usage = (message.get(tx.NOTE) or {}).get("usage")
-        if message.get("role") == "assistant" and usage:
+        if role == "assistant" and usage:
             call = Usage.model_validate(usage)
             return Spent(call.total_tokens, price(call) or 0.0)
     return Spent()

@@ -106,10 +106,19 @@ class _Ctx:
     cancel: Cancel | None
 
     transcript: list[dict[str, Any]]
+    replies: int
+    """The run's replies when the turn began (`tx.survey`)."""
+    began: int
+    """The transcript's length then: a reply at or past it is this turn's own."""
 
     def turn_of(self, slot: tx.Slot) -> int:
-        """The run's turn number of the reply that made the slot's call."""
-        return tx.turns_taken(self.transcript[: slot.at + 1])
+        """The run's turn number of the reply that made the slot's call.
+
+        A slot's call is the open turn's, the run's latest reply: the replies counted
+        when the turn began, and this turn's own if the call is in it. Counting them
+        again would walk a conversation of 800 turns at each of its calls.
+        """
+        return self.replies + (1 if slot.at >= self.began else 0)
 
     async def ask(self, request: Request) -> Answer:
         assert self.wait_for is not None
@@ -147,6 +156,8 @@ async def take_turn(
         wait_for=wait_for,
         cancel=cancel,
         transcript=messages,
+        replies=turns,
+        began=len(messages),
     )
     outstanding = [s for s in tx.slots(messages) if s.state in ("todo", "answered")]
     if outstanding:

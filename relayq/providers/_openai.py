@@ -6,9 +6,10 @@ from typing import Any
 
 from relayq._model import InProcessResponse, InProcessToolCall
 from relayq._types import Usage
+from relayq.providers._fragments import Fragments, dumps
 from relayq.providers._wire import FinishReason, Reply, ToolChoice, named_tool
 
-__all__ = ["decode", "encode", "path"]
+__all__ = ["decode", "encode", "encode_json", "fragments", "path"]
 
 
 def path(base_url: str) -> str:
@@ -40,6 +41,35 @@ def encode(
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     return body
+
+
+def fragments() -> Fragments:
+    """A cache of messages' JSON in this dialect's wire form, for `encode_json`."""
+    return Fragments(_message)
+
+
+def encode_json(
+    kept: Fragments,
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    system: str | None = None,
+    tool_choice: ToolChoice = None,
+    max_tokens: int | None = None,
+) -> str:
+    """`encode`'s body as JSON text, each message's part taken from `kept` when it has
+    been encoded before: the same text, at the cost of the new messages only."""
+    head = dumps({"model": model})[:-1]
+    wire = [kept.of(m) for m in messages]
+    if system:
+        wire.insert(0, dumps({"role": "system", "content": system}))
+    rest = encode(
+        model=model, messages=[], tools=tools, tool_choice=tool_choice, max_tokens=max_tokens
+    )
+    del rest["model"], rest["messages"]
+    tail = "," + dumps(rest)[1:] if rest else "}"
+    return f'{head},"messages":[{",".join(wire)}]{tail}'
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from relayq._retry import backoff
 from relayq.limits import ERROR_TEXT_LIMIT, redact_secrets, safe_text, without_echoes
 from relayq.providers import _anthropic, _openai
 from relayq.providers._config import ProviderConfig
+from relayq.providers._fragments import dumps
 from relayq.providers._http import UNREACHABLE, Answer, Sessions
 from relayq.providers._wire import Reply, ToolChoice
 
@@ -130,6 +131,8 @@ class ProviderModel:
         self._sessions = Sessions(
             self._url, max_connections=config.max_connections, timeout=config.timeout
         )
+        # The JSON of messages sent before, so a turn encodes only its new ones.
+        self._fragments = _openai.fragments() if self._dialect is _openai else None
 
     def __repr__(self) -> str:
         return (
@@ -154,30 +157,34 @@ class ProviderModel:
         max_tokens: int | None = None,
     ) -> Reply:
         """One model call, retried on 429/5xx/timeouts up to `retries` times."""
-        body = self._dialect.encode(
-            model=self.config.model,
-            messages=messages,
-            tools=tools or [],
-            system=system,
-            tool_choice=tool_choice,
-            max_tokens=max_tokens or self.config.max_tokens,
-        )
+        shape: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": messages,
+            "tools": tools or [],
+            "system": system,
+            "tool_choice": tool_choice,
+            "max_tokens": max_tokens or self.config.max_tokens,
+        }
+        if self._fragments is not None:
+            data = _openai.encode_json(self._fragments, **shape)
+        else:
+            data = dumps(self._dialect.encode(**shape))
         attempt = 0
         while True:
             try:
-                return await self._post(body)
+                return await self._post(data, {"messages": messages, "system": system})
             except ModelError as exc:
                 if not exc.retryable or attempt >= self.retries:
                     raise
                 await asyncio.sleep(backoff(attempt, exc.retry_after))
                 attempt += 1
 
-    async def _post(self, body: dict[str, Any]) -> Reply:
+    async def _post(self, data: str, request: dict[str, Any]) -> Reply:
+        """Send the body `data`; `request` holds the texts it carries, which an error's
+        message must not echo."""
         key = self.config.resolve_key(self._api_key)
         headers = {**self.config.headers, **self._dialect.headers(key)}
         where = self._where
-        # Compact UTF-8 without NaN, as providers take it (and as httpx sent it).
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         try:
             response = await self._sessions.post(data.encode(), headers)
         except TimeoutError:  # first: a timeout is one of UNREACHABLE's kinds too
@@ -189,7 +196,7 @@ class ProviderModel:
                 f"{where} unreachable: {safe_text(redact(str(exc), key))}", retryable=True
             ) from None
         if response.status >= 400:
-            raise _error(response, where, key, body)
+            raise _error(response, where, key, request)
         try:
             reply: Reply = self._dialect.decode(json.loads(response.body))
             return reply

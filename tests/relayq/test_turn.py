@@ -7,7 +7,8 @@ from typing import Any
 from relayq import BuiltinsConfig, Request, ToolContext, ToolResult, create_toolkit, define_tool
 from relayq import _transcript as tx
 from relayq._model import as_model
-from relayq.loop import Journal, take_turn
+from relayq.approvals import approve, requires_approval
+from relayq.loop import Journal, apply_answer, take_turn
 
 from .scripted import Script, calls, echo_tool_outputs
 
@@ -117,3 +118,31 @@ async def test_a_generate_function_that_changes_its_request_changes_no_transcrip
     # Then the transcript it was given is as it was
     assert after.messages[: len(before)] == before
     assert after.messages[1]["tool_calls"] == tool_calls
+
+
+async def test_each_call_knows_the_turn_that_made_it_fresh_or_resumed_after_an_approval():
+    # Given a tool that notes its turn, and one that needs an approval first
+    seen: list[tuple[str, int]] = []
+
+    def note(args: dict[str, Any], ctx: ToolContext) -> str:
+        seen.append((ctx.call_id, ctx.turn))
+        return "noted"
+
+    work = define_tool("work", "w", None, note)
+    gated = requires_approval(define_tool("gated", "g", None, note))
+    tk = await create_toolkit(builtins=BuiltinsConfig.off(), extra_tools=[work, gated])
+    model = as_model(Script([calls(("c1", "work")), calls(("c2", "work")), calls(("c3", "gated"))]))
+    messages = [tx.user_message("go", "run_1")]
+
+    # When three turns run, the third waiting on an approval, then resuming once approved
+    for _ in range(3):
+        turn = await take_turn(messages, tk, model, run_id="run_1")
+        messages = turn.messages
+    assert turn.pending is not None
+    approved = apply_answer(messages, turn.pending, approve(turn.pending.id))
+    resumed = await take_turn(approved, tk, model, run_id="run_1")
+
+    # Then each call ran knowing its reply's turn, the approved one the third's
+    assert resumed.status == "next"
+    assert seen == [("c1", 1), ("c2", 2), ("c3", 3)]
+    assert [tx.turns_taken(messages[: i + 1]) for i in (1, 3, 5)] == [1, 2, 3]

@@ -1,0 +1,102 @@
+"""A request body joined from messages' cached JSON is the body encoded whole, turn after turn."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relayq import _transcript as tx
+from relayq.providers import _openai
+from relayq.providers._fragments import Fragments, dumps
+
+TEXT = st.text(max_size=12)
+CALL = st.builds(
+    lambda i, name, args: {
+        "id": f"c{i}",
+        "type": "function",
+        "function": {"name": name, "arguments": args},
+    },
+    st.integers(0, 99),
+    st.sampled_from(["look", "work"]),
+    TEXT,
+)
+MESSAGE = st.one_of(
+    st.builds(lambda c: {"role": "user", "content": c}, TEXT),
+    st.builds(lambda c: {"role": "assistant", "content": c}, st.one_of(st.none(), TEXT)),
+    st.builds(
+        lambda calls: {"role": "assistant", "content": None, "tool_calls": calls},
+        st.lists(CALL, min_size=1, max_size=3),
+    ),
+    st.builds(
+        lambda i, c, note: (
+            {"role": "tool", "tool_call_id": f"c{i}", "content": c}
+            | ({tx.NOTE: {"error": True}} if note else {})
+        ),
+        st.integers(0, 99),
+        TEXT,
+        st.booleans(),
+    ),
+)
+SHAPE = st.fixed_dictionaries(
+    {
+        "system": st.one_of(st.none(), TEXT),
+        "tools": st.lists(
+            st.builds(lambda n: {"type": "function", "function": {"name": n}}, TEXT), max_size=2
+        ),
+        "tool_choice": st.sampled_from([None, "auto", "required"]),
+        "max_tokens": st.one_of(st.none(), st.integers(1, 9999)),
+    }
+)
+
+
+def whole(messages: list[dict[str, Any]], shape: dict[str, Any]) -> str:
+    return dumps(_openai.encode(model="m", messages=messages, **shape))
+
+
+@given(st.lists(st.lists(MESSAGE, max_size=6), min_size=1, max_size=5), SHAPE, st.data())
+def test_a_growing_conversation_encodes_as_if_whole_at_every_turn(
+    turns: list[list[dict[str, Any]]], shape: dict[str, Any], data: Any
+):
+    kept = _openai.fragments()
+    transcript: list[dict[str, Any]] = []
+    for new in turns:
+        transcript.extend(new)
+        if transcript and data.draw(st.booleans()):
+            # A message replaced (a placeholder by its result) is a new message
+            at = data.draw(st.integers(0, len(transcript) - 1))
+            transcript[at] = data.draw(MESSAGE)
+        joined = _openai.encode_json(kept, model="m", messages=transcript, **shape)
+        assert joined == whole(transcript, shape)
+        json.loads(joined)
+
+
+def test_a_message_seen_before_is_not_encoded_again():
+    encoded: list[dict[str, Any]] = []
+
+    def wire(m: dict[str, Any]) -> dict[str, Any]:
+        encoded.append(m)
+        return m
+
+    kept = Fragments(wire)
+    transcript = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    for m in transcript:
+        kept.of(m)
+    transcript.append({"role": "user", "content": "again"})
+    for m in transcript:
+        kept.of(m)
+    assert [m["content"] for m in encoded] == ["hi", "yo", "again"]
+    # An equal message that is another object is encoded on its own
+    kept.of(dict(transcript[0]))
+    assert len(encoded) == 4
+
+
+def test_past_its_limit_the_cache_starts_afresh_and_stays_true():
+    kept = Fragments(lambda m: m, limit=100)
+    messages = [{"role": "user", "content": "x" * 30} for _ in range(10)]
+    for m in messages:
+        assert kept.of(m) == dumps(m)
+    assert len(kept) < 4
+    assert kept.of(messages[0]) == dumps(messages[0])
