@@ -36,6 +36,7 @@ from store.maintenance import SweepReport
 from store.outbox import ANSWER_QUEUE, TURN_QUEUE, mark_published, sent_at
 from store.workers import HOSTNAME
 from tasks.broker import QueuePeek
+from tasks.outgoing import Outgoing
 from tasks.publish import send, sender_app
 from tasks.settings import Settings
 from tasks.transcripts import Transcripts
@@ -80,8 +81,9 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(io_threads, thread_name_prefix="relayq-io")
         self.loop.set_default_executor(self.executor)
-        # Sending to the broker gets threads of its own: it must not wait behind the store.
-        self.broker = ThreadPoolExecutor(4, thread_name_prefix="relayq-send")
+        # Sending to the broker gets a thread of its own: it must not wait behind the
+        # store. One: the loop hands it a batch at a time (`tasks.outgoing`).
+        self.broker = ThreadPoolExecutor(1, thread_name_prefix="relayq-send")
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="relayq-loop", daemon=True
         )
@@ -133,6 +135,7 @@ class Runtime:
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
         self._sent: list[OutboxRow] = []
+        self._outgoing: Outgoing | None = None
         self.holding: dict[str, int] = {}
         """Runs this process has claimed (run id -> claimed version)."""
         self.transcripts = Transcripts()
@@ -208,9 +211,9 @@ class Runtime:
         """
         if not rows:
             return
-        sent = await asyncio.get_running_loop().run_in_executor(
-            self.loop.broker, send, self.sender, rows
-        )
+        if self._outgoing is None:
+            self._outgoing = Outgoing(functools.partial(send, self.sender), self.loop.broker)
+        sent = await self._outgoing(rows)
         if self._background:
             self._sent.extend(sent)
         else:
