@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
-from sqlalchemy import ColumnElement
+from sqlalchemy import ColumnElement, and_, bindparam, case, exists, false, true
+from sqlalchemy import select as sa_select
 from sqlmodel import col, func, select
 
 from relayq import RunResult
@@ -27,8 +29,14 @@ __all__ = [
     "run_result",
     "run_view",
     "settled",
+    "settled_many",
     "transcript",
 ]
+
+
+_RUNS = RunRow.__table__  # type: ignore[attr-defined]
+_REQUESTS = RequestRow.__table__  # type: ignore[attr-defined]
+_MESSAGES = MessageRow.__table__  # type: ignore[attr-defined]
 
 
 class RunSummary(BaseModel):
@@ -78,17 +86,51 @@ def settled(db: Database, run_id: str) -> tuple[str, bool]:
             return run.status, True
         if run.status != "pending":
             return run.status, False
-        waiting = s.exec(
-            select(RequestRow.id).where(_waits_on(run), RequestRow.status == "open")
-        ).first()
+        waiting = s.exec(select(RequestRow.id).where(_open_for(run.id, run.waiting_on))).first()
         return run.status, waiting is not None
 
 
-def _waits_on(run: RunRow) -> ColumnElement[bool]:
-    """The requests the run waits on: its own, or its batch's budget request another asked."""
-    if run.waiting_on is not None:
-        return col(RequestRow.id) == run.waiting_on
-    return col(RequestRow.run_id) == run.id
+_OPEN = _REQUESTS.c.status == "open"
+# `settled` for many runs in one statement: a pending run is settled when a request it
+# waits on is open (its batch's, when `waiting_on` names one; else its own).
+_SETTLED_MANY = select(
+    _RUNS.c.id,
+    _RUNS.c.status,
+    case(
+        (col(_RUNS.c.status).in_(FINISHED), true()),
+        (_RUNS.c.status != "pending", false()),
+        (
+            _RUNS.c.waiting_on.is_(None),
+            exists().where(and_(_REQUESTS.c.run_id == _RUNS.c.id, _OPEN)),
+        ),
+        else_=exists().where(and_(_REQUESTS.c.id == _RUNS.c.waiting_on, _OPEN)),
+    ),
+).where(_RUNS.c.id.in_(bindparam("ids", expanding=True)))
+_MANY = 1000
+"""Run ids per statement: well within every driver's limit on bound parameters."""
+
+
+def settled_many(db: Database, run_ids: Iterable[str]) -> dict[str, tuple[str, bool]]:
+    """`settled` for each of `run_ids` the store knows, one statement per thousand runs:
+    what a host waiting on many runs reads each time it is woken.
+
+        states = settled_many(db, ["run_1", "run_2"])   # {"run_1": ("done", True), ...}
+    """
+    ids = list(dict.fromkeys(run_ids))
+    found: dict[str, tuple[str, bool]] = {}
+    with db.read() as s:
+        for start in range(0, len(ids), _MANY):
+            rows = s.connection().execute(_SETTLED_MANY, {"ids": ids[start : start + _MANY]})
+            found.update((rid, (status, bool(done))) for rid, status, done in rows)
+    return found
+
+
+def _open_for(run_id: str, waiting_on: str | None) -> ColumnElement[bool]:
+    """The open requests the run waits on: its own, or its batch's budget request another
+    run asked (`waiting_on`)."""
+    if waiting_on is not None:
+        return and_(col(RequestRow.id) == waiting_on, col(RequestRow.status) == "open")
+    return and_(col(RequestRow.run_id) == run_id, col(RequestRow.status) == "open")
 
 
 def list_runs(
@@ -112,31 +154,54 @@ def get_run(db: Database, run_id: str) -> RunRow:
     return run
 
 
+# The run and where its messages end, in one statement: a host reads it for every run
+# it waited on.
+_RESULT = sa_select(
+    _RUNS.c.status,
+    _RUNS.c.text,
+    _RUNS.c.turns,
+    _RUNS.c.error,
+    _RUNS.c.conversation_id,
+    _RUNS.c.waiting_on,
+    sa_select(func.max(_MESSAGES.c.seq)).where(_MESSAGES.c.run_id == _RUNS.c.id).scalar_subquery(),
+).where(_RUNS.c.id == bindparam("rid"))
+
+
+# The run's conversation up to its last message, built once (a statement built per
+# call costs more than reading a short transcript).
+_UPTO = (
+    sa_select(_MESSAGES.c.body)
+    .where(_MESSAGES.c.conversation_id == bindparam("conv"), _MESSAGES.c.seq <= bindparam("upto"))
+    .order_by(_MESSAGES.c.seq)
+)
+
+
 def run_result(db: Database, run_id: str) -> RunResult:
     """A stored run as the same RunResult the in-process client returns."""
     with db.read() as s:
-        run = s.get(RunRow, run_id)
-        if run is None:
+        conn = s.connection()
+        found = conn.execute(_RESULT, {"rid": run_id}).first()
+        if found is None:
             raise UnknownRun(run_id)
-        last = s.exec(
-            select(MessageRow.seq)
-            .where(MessageRow.run_id == run_id)
-            .order_by(col(MessageRow.seq).desc())
-        ).first()
-        messages = conversation(s, run.conversation_id, upto=last)
-        pending = s.exec(
-            select(RequestRow).where(_waits_on(run), RequestRow.status == "open")
-        ).first()
+        status, text, turns, error, conversation_id, waiting_on, last = found
+        if last is None:
+            messages = conversation(s, conversation_id)
+        else:
+            bodies = conn.execute(_UPTO, {"conv": conversation_id, "upto": last}).scalars()
+            messages = [dict(body) for body in bodies]
+        pending = None
+        if status == "pending":
+            pending = s.exec(select(RequestRow).where(_open_for(run_id, waiting_on))).first()
     return RunResult(
-        status=run.status,
-        text=run.text or "",
+        status=status,
+        text=text or "",
         tool_calls=tx.records_of(messages),
         messages=messages,
-        pending=request_of(pending) if pending is not None and run.status == "pending" else None,
-        turns=run.turns,
+        pending=request_of(pending) if pending is not None else None,
+        turns=turns,
         usage=tx.usage_of(messages),
-        run_id=run.id,
-        error=run.error,
+        run_id=run_id,
+        error=error,
     )
 
 
