@@ -48,6 +48,11 @@ class Outcome:
     seconds: float
     peak_rss_mb: float
     failed: int
+    cpu_seconds: float = 0.0
+    """The worker processes' CPU (user and system) while the runs ran."""
+
+    def cpu_ms(self) -> float:
+        return 1000 * self.cpu_seconds / self.turns
 
     def turns_per_second(self) -> float:
         return self.turns / self.seconds
@@ -66,6 +71,31 @@ def redis_url() -> str:
             return "redis://127.0.0.1:6379/14"
     except OSError:
         return ""
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU of a process and its reaped children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    return (utime + stime + cutime + cstime) / TICKS
+
+
+def tree_cpu(pid: int) -> float:
+    """`cpu_seconds` of a process and its live children (a prefork worker's pool)."""
+    try:
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except OSError:
+        children = ""
+    total = 0.0
+    for p in [pid, *(int(c) for c in children.split())]:
+        try:
+            total += cpu_seconds(p)
+        except OSError:
+            continue
+    return total
 
 
 def rss_mb(pid: int) -> float:
@@ -102,12 +132,17 @@ class Sampler(threading.Thread):
 
 
 def start_worker(
-    env: dict[str, str], pool: str, concurrency: int, log: Path, name: str
+    env: dict[str, str],
+    pool: str,
+    concurrency: int,
+    log: Path,
+    name: str,
+    loglevel: str = "INFO",
 ) -> subprocess.Popen[bytes]:
     env = env | {"RELAYQ_POOL": pool, "RELAYQ_CONCURRENCY": str(concurrency)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers", "worker", "--loglevel", "INFO",
+            [sys.executable, "-m", "workers", "worker", "--loglevel", loglevel,
              "--without-mingle", "--without-gossip", "-n", f"{name}@%h"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
@@ -115,7 +150,13 @@ def start_worker(
 
 
 async def measure(
-    env: dict[str, str], spec: str, concurrency: int, runs: int, turns: int, home: Path
+    env: dict[str, str],
+    spec: str,
+    concurrency: int,
+    runs: int,
+    turns: int,
+    home: Path,
+    loglevel: str = "INFO",
 ) -> Outcome:
     """`spec` is a pool, or `pool*N` for N worker processes on this machine."""
     pool, _, procs = spec.partition("*")
@@ -125,17 +166,22 @@ async def measure(
     logs = [home / f"worker-{pool}-{n}.log" for n in range(count)]
     each = -(-concurrency // count)
     workers = [
-        start_worker(env, pool, each, log, f"bench-{pool}-{n}") for n, log in enumerate(logs)
+        start_worker(env, pool, each, log, f"bench-{pool}-{n}", loglevel)
+        for n, log in enumerate(logs)
     ]
     sampler = Sampler([w.pid for w in workers])
     try:
         for log, worker in zip(logs, workers, strict=True):
             await asyncio.to_thread(wait_ready, log, worker)
+        # The workers' start (imports, migrations) is not the turns' cost.
+        await asyncio.sleep(1.0)
         sampler.start()
+        cpu = sum(tree_cpu(w.pid) for w in workers)
         started = time.perf_counter()
         ids = await client.start_many("bench", [f"job {i}" for i in range(runs)])
         failed = await wait_all(client, set(ids))
         seconds = time.perf_counter() - started
+        cpu = sum(tree_cpu(w.pid) for w in workers) - cpu
     finally:
         sampler.stop.set()
         for worker in workers:
@@ -144,7 +190,9 @@ async def measure(
             worker.wait(timeout=60)
         client.close()
     store = "postgresql" if "postgresql" in env["RELAYQ_DATABASE_URL"] else "sqlite"
-    return Outcome(store, spec, each * count, runs, runs * turns, seconds, sampler.peak, failed)
+    return Outcome(
+        store, spec, each * count, runs, runs * turns, seconds, sampler.peak, failed, cpu
+    )
 
 
 def wait_ready(log: Path, worker: subprocess.Popen[bytes]) -> None:
@@ -207,6 +255,7 @@ def parse() -> argparse.Namespace:
         help="pools to compare, comma-separated; pool*N runs N worker processes",
     )
     add("--stores", default="sqlite,postgresql", help="stores to compare, comma-separated")
+    add("--loglevel", default="INFO", help="the workers' log level (INFO logs every task)")
     return parser.parse_args()
 
 
@@ -244,7 +293,8 @@ def one(args: argparse.Namespace, home: Path, store: str, pool: str, port: int) 
         return []
     env = bench_env(home, url, port, f"relayq-bench-{home.name}-{os.getpid()}:")
     try:
-        return [asyncio.run(measure(env, pool, concurrency, runs, args.turns, home))]
+        outcome = measure(env, pool, concurrency, runs, args.turns, home, args.loglevel)
+        return [asyncio.run(outcome)]
     finally:
         if store != "sqlite":
             drop_postgres(name)
@@ -275,14 +325,15 @@ def print_table(results: list[Outcome], latency: float) -> None:
         "ideal = runs in flight / latency\n"
     )
     print("| store | pool | in flight | runs | turns | seconds | turns/s | ideal | % of ideal "
-          "| peak RSS MiB | not done |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| worker CPU ms/turn | peak RSS MiB | not done |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         ideal = min(r.runs, r.concurrency) / latency
         rate = r.turns_per_second()
         print(
             f"| {r.store} | {r.pool} | {r.concurrency} | {r.runs} | {r.turns} | {r.seconds:.1f} "
-            f"| {rate:.1f} | {ideal:.0f} | {100 * rate / ideal:.0f}% | {r.peak_rss_mb:.0f} "
+            f"| {rate:.1f} | {ideal:.0f} | {100 * rate / ideal:.0f}% | {r.cpu_ms():.2f} "
+            f"| {r.peak_rss_mb:.0f} "
             f"| {r.failed} |"
         )
     for store in dict.fromkeys(r.store for r in results):

@@ -33,6 +33,7 @@ from sqlalchemy import text
 
 from bench.inflight import (
     bench_env,
+    cpu_seconds,
     drop_postgres,
     free_port,
     postgres_url,
@@ -44,7 +45,6 @@ from store import Database
 from tasks import DurableClient, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,6 @@ class Cost:
 
     def stored_per_turn(self) -> float:
         return self.stored_bytes / self.turns
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU of a process and its reaped children."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-    return (utime + stime + cutime + cstime) / TICKS
 
 
 def written(pid: int) -> int:
