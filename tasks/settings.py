@@ -140,13 +140,13 @@ class _Source:
     def count(self, name: str, default: int) -> int:
         return self.read(name, default, _count(0))
 
-    def flag(self, name: str) -> bool:
+    def flag(self, name: str, default: bool = False) -> bool:
         def parse(_: str, value: Any) -> bool:
             if isinstance(value, bool):
                 return value
             return str(value).strip().lower() in ("1", "true", "yes", "on")
 
-        return self.read(name, False, parse)
+        return self.read(name, default, parse)
 
 
 def _count(minimum: int) -> Callable[[str, Any], int]:
@@ -218,6 +218,9 @@ class Settings:
     stays well below it, or the broker would hand a live turn's message out again."""
     task_events: bool
     """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
+    task_log: bool = True
+    """Log each task received and finished at INFO, as Celery does; off, a busy worker's
+    log keeps what matters (a turn costs a little less CPU, and Flower still shows each)."""
     max_answer_bytes: int = limits.DEFAULT_MAX_ANSWER_BYTES
     """The largest answer (and prompt) taken, as compact UTF-8 JSON; see `relayq.limits`."""
     webhooks: tuple[Endpoint, ...] = ()
@@ -282,6 +285,7 @@ class Settings:
             outbox_grace_seconds=src.seconds("outbox_grace", 5),
             visibility_timeout=src.seconds("visibility_timeout", 3600),
             task_events=src.flag("task_events"),
+            task_log=src.flag("task_log", True),
             max_answer_bytes=src.read(
                 "max_answer_bytes",
                 limits.DEFAULT_MAX_ANSWER_BYTES,

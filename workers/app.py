@@ -25,6 +25,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import (
+    after_setup_logger,
     beat_init,
     celeryd_after_setup,
     celeryd_init,
@@ -95,6 +96,18 @@ def _note_unserved_queues(instance: Any = None, **_: Any) -> None:
                 agent.name,
                 agent.queue,
             )
+
+
+@after_setup_logger.connect
+def _quiet_task_lines(**_: Any) -> None:
+    """`RELAYQ_TASK_LOG=0`: no INFO line per task received and per task finished."""
+    if not settings.task_log:
+        for name in TASK_LINE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+TASK_LINE_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+"""Where Celery logs `Task ...[id] received` and `Task ...[id] succeeded in ...`."""
 
 
 @beat_init.connect

@@ -11,6 +11,8 @@ from tasks import DurableClient, Settings
 from tasks.settings import MAX_COUNTDOWN
 from workers.config import celery_config
 
+from .conftest import SpareWorkers
+
 TASKS = {
     "relayq.run_turn": "relayq.turns",
     "relayq.submit_answer": "relayq.answers",
@@ -62,3 +64,25 @@ async def test_the_running_worker_registers_exactly_the_four_relayq_tasks(client
     assert replies is not None, "the worker answered"
     ((_, names),) = replies.items()
     assert sorted(names) == sorted(TASKS)
+
+
+async def test_a_worker_told_not_to_log_each_task_logs_no_line_per_task(
+    spare_workers: SpareWorkers, prompt: str
+):
+    # Given a worker with RELAYQ_TASK_LOG=0 and one as Celery logs by default
+    quiet = spare_workers.start(RELAYQ_TASK_LOG="0")
+    chatty = spare_workers.start()
+
+    # When each runs a turn
+    for spare in (quiet, chatty):
+        async with DurableClient(settings=spare.settings) as client:
+            result = await client.run("recall", prompt, timeout=60)
+        assert result.status == "done"
+
+    # Then only the default one logged the task's arrival and its end
+    quiet_log = quiet.worker.logfile.read_text(errors="replace")
+    chatty_log = chatty.worker.logfile.read_text(errors="replace")
+    assert "ready." in quiet_log  # the worker's own lines stay
+    assert "relayq.run_turn[" not in quiet_log
+    assert "relayq.run_turn[" in chatty_log
+    assert "succeeded in" in chatty_log
