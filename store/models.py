@@ -348,6 +348,9 @@ class OutboxRow(SQLModel, table=True):
     """A task message written in the transaction that decided it, sent after commit."""
 
     __tablename__ = "relayq_outbox"
+    # Rows are deleted once spent, and an id names a task message (`relayq-<id>`): on
+    # SQLite an id freed at the top would be handed out again without AUTOINCREMENT.
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: int | None = Field(default=None, primary_key=True)
     task: str

@@ -218,3 +218,18 @@ async def test_a_run_asked_to_cancel_while_its_turn_runs_is_cancelled_not_suspen
     assert get_run(db, "run_1").status == "cancelled"
     assert [r.status for r in request_rows(db)] == []
     assert outbox_rows(db) == []
+
+
+async def test_an_outbox_id_names_one_message_ever_though_spent_rows_are_deleted(db: Database):
+    # Given a run that finished: its messages' rows are gone, the newest id among them
+    kit = await local_kit()
+    start(db)
+    first = outbox_rows(db)[0].id or 0
+    await run_turn(db, "run_1", kit, model_of(text("done")))
+    assert outbox_rows(db) == []
+
+    # When another run is started, its message's id is a new one (task id relayq-<id>)
+    start(db, run_id="run_2")
+    [row] = outbox_rows(db)
+
+    assert (row.id or 0) > first
