@@ -2,7 +2,9 @@
 
 Task names are stable: `relayq.run_turn`, `relayq.submit_answer`,
 `relayq.cancel_run`, `relayq.sweep`. Their arguments are ids only; the store
-is the source of truth and the broker carries wake-ups.
+is the source of truth and the broker carries wake-ups: task messages for the
+workers, and for waiting hosts the ids of the runs a task may have settled
+(`tasks.announce`, heard by `tasks.waiting`).
 `DurableClient(eager=True)` runs the same turns in the calling process instead
 (`tasks.eager`).
 """

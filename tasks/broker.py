@@ -17,13 +17,24 @@ import redis
 
 from tasks.settings import Settings
 
-__all__ = ["PRIORITY_STEPS", "QueuePeek", "priority_lists"]
+__all__ = ["PRIORITY_STEPS", "QueuePeek", "priority_lists", "redis_url"]
 
 log = logging.getLogger(__name__)
 
 PRIORITY_STEPS = (0, 3, 6, 9)
 """Kombu Redis's priority levels; a message's priority is rounded down to one of them."""
 _SEPARATOR = "\x06\x16"
+
+
+def redis_url(settings: Settings) -> str | None:
+    """The broker's address as redis-py takes it; None when the broker is not Redis.
+
+    Kombu spells the embedded broker's socket `redis+socket://`, redis-py `unix://`.
+    """
+    url = settings.broker_url
+    if url.startswith("redis+socket://"):
+        url = "unix://" + url.removeprefix("redis+socket://")
+    return url if url.startswith(("redis://", "rediss://", "unix://")) else None
 
 
 def priority_lists(queue: str) -> list[str]:
@@ -37,13 +48,11 @@ class QueuePeek:
 
     def __init__(self, settings: Settings) -> None:
         self.prefix = settings.key_prefix
-        url = settings.broker_url
-        if url.startswith("redis+socket://"):
-            url = "unix://" + url.removeprefix("redis+socket://")
+        url = redis_url(settings)
         self._client = (
-            redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-            if url.startswith(("redis://", "rediss://", "unix://"))
-            else None
+            None
+            if url is None
+            else redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
         )
 
     def oldest(self, queues: Iterable[str]) -> dict[str, list[str]] | None:

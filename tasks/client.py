@@ -16,17 +16,21 @@ in-process client returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
+import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from celery import Celery
 from pydantic import ValidationError
 
-from relayq import Answer, AnswerMismatch, BulkRefused, RelayqError, Request, RunResult
+from relayq import Answer, AnswerMismatch, BulkRefused, Request, RunResult
 from relayq._types import new_id
 from relayq.agents import Agent, load_agents, registered_agents
 from relayq.approvals import approve, decline, is_approval
@@ -56,29 +60,31 @@ from store import (
     start_batch,
 )
 from store.audit import Decider
+from store.outbox import mark_published
 from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
 from tasks import tracing
-from tasks.publish import publish, sender_app
+from tasks.broker import redis_url
+from tasks.publish import send, sender_app
 from tasks.settings import Settings
+from tasks.waiting import RunWaiter, WaitTimeout
 
 if TYPE_CHECKING:
     from tasks.eager import EagerRuntime
 
 __all__ = ["DurableClient", "WaitTimeout"]
 
+T = TypeVar("T")
+P = ParamSpec("P")
 
-class WaitTimeout(RelayqError, TimeoutError):
-    """A run did not settle within the time given."""
+Waiting = Literal["pushed", "polled"]
 
-    def __init__(self, run_id: str, status: str, timeout: float) -> None:
-        super().__init__(run_id, status, timeout)
-        self.run_id = run_id
-        self.status = status
-        self.timeout = timeout
+log = logging.getLogger(__name__)
 
-    def __str__(self) -> str:
-        return f"run {self.run_id} is still {self.status} after {self.timeout:g} s"
+MARK_AFTER = 0.2
+"""Seconds a sent message waits to be marked sent, with those sent meanwhile: one write
+for many, and none between a run's start and its first turn. A mark that never comes
+(the process died) costs a duplicate message from the sweeper, which changes nothing."""
 
 
 class DurableClient:
@@ -88,6 +94,18 @@ class DurableClient:
     `RELAYQ_BROKER_URL`, ..., then `app`'s configuration: see `Settings.load`);
     the arguments override them. With `wait_for`, `run` answers each request
     as it comes, like the in-process client does.
+
+    Waiting for results (`result(wait=True)`, `run`, `run_with_answer`) is pushed:
+    workers announce each run that may have settled (`tasks.announce`), and one
+    waiter per client and event loop reads the status of every run so woken in
+    one statement (`tasks.waiting`), with a fallback read of every waited run
+    each `recheck_every` in case an announcement was lost. `waiting="polled"`
+    polls each run on its own instead, every 10 to 250 ms: the old behaviour,
+    kept to compare against, and what an eager client or a broker other than
+    Redis gets.
+
+    Store calls run inline on SQLite (each takes a fraction of a millisecond) and
+    on threads for a database server, as a worker's do (`tasks.runtime.Runtime.io`).
 
     With `eager=True` nothing is sent: each turn runs here, in this process,
     when its message would have been sent (Celery's `task_always_eager`), so
@@ -107,6 +125,8 @@ class DurableClient:
         settings: Settings | None = None,
         app: Celery | None = None,
         eager: bool = False,
+        waiting: Waiting = "pushed",
+        recheck_every: timedelta = timedelta(seconds=1),
     ) -> None:
         if eager and app is not None:
             raise ValueError("an eager client sends nothing: it takes no Celery app")
@@ -130,6 +150,20 @@ class DurableClient:
             self._app = app or sender_app(self.settings)
         self._wait_for = wait_for
         self._loaded_agents = False
+        if waiting not in ("pushed", "polled"):
+            raise ValueError(f"waiting is pushed or polled, not {waiting!r}")
+        # An eager client settles its runs itself, and only Redis carries announcements.
+        pushed = not eager and redis_url(self.settings) is not None
+        self.waiting: Waiting = waiting if pushed else "polled"
+        """How `result(wait=True)` waits: woken by announcements, or polling each run."""
+        self.recheck_every = recheck_every
+        """How often every run waited on is read anyway (pushed waiting)."""
+        self._waiter: RunWaiter | None = None
+        self._unmarked: list[OutboxRow] = []
+        self._marker: asyncio.Task[None] | None = None
+        self.inline_store = self.db.is_sqlite
+        """Store calls run on the event loop (SQLite), not on a thread."""
+        self._threads: ThreadPoolExecutor | None = None
 
     @property
     def app(self) -> Celery:
@@ -138,6 +172,21 @@ class DurableClient:
             raise RuntimeError("an eager DurableClient sends no messages and has no Celery app")
         return self._app
 
+    async def _io(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """A store call: inline for SQLite, on a thread for a database server.
+
+        SQLite's calls wait on no network; on a thread each would only add two
+        GIL handoffs. A server's round trips must not stall the caller's loop.
+        """
+        if self.inline_store:
+            return fn(*args, **kwargs)
+        if self._threads is None:
+            # The client's own threads: `close` waits for a call still on one (a waiter's
+            # read, a mark) before it closes the store's connections.
+            self._threads = ThreadPoolExecutor(8, thread_name_prefix="relayq-client")
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, call)
+
     async def _publish(self, rows: Iterable[OutboxRow]) -> None:
         """Send the messages a change wrote; in eager mode, run them here and now."""
         rows = list(rows)
@@ -145,7 +194,35 @@ class DurableClient:
         if self._inline is not None:
             await self._inline.publish(rows)
             return
-        await asyncio.to_thread(publish, self.app, self.db, rows)
+        if not rows:
+            return
+        # The broker on a thread: a send may wait out a reconnection.
+        sent = await asyncio.to_thread(send, self.app, rows)
+        self._unmarked.extend(sent)
+        if self._unmarked and (self._marker is None or self._marker.done()):
+            self._marker = asyncio.get_running_loop().create_task(self._mark_soon())
+
+    async def _mark_soon(self) -> None:
+        await asyncio.sleep(MARK_AFTER)
+        sent, self._unmarked = self._unmarked, []
+        try:
+            await self._io(mark_published, self.db, sent)
+        except Exception as exc:  # a sweep sends them again; the duplicates change nothing
+            log.warning("could not mark %d messages sent: %s", len(sent), type(exc).__name__)
+
+    def _mark_now(self) -> None:
+        """At close: mark what was sent and not marked yet."""
+        marker = self._marker
+        if marker is not None and not marker.done():
+            with contextlib.suppress(RuntimeError):  # no loop here: it ends with its own
+                if marker.get_loop() is asyncio.get_running_loop():
+                    marker.cancel()
+        sent, self._unmarked = self._unmarked, []
+        if sent:
+            try:
+                mark_published(self.db, sent)
+            except Exception as exc:
+                log.warning("could not mark %d messages sent: %s", len(sent), type(exc).__name__)
 
     async def start(
         self,
@@ -173,7 +250,7 @@ class DurableClient:
             agent=name, prompts=[prompt], conversation_id=conversation_id, max_bytes=limit
         )
         run_id = new_id("run")
-        row = await asyncio.to_thread(
+        row = await self._io(
             create_run,
             self.db,
             run_id=run_id,
@@ -210,7 +287,7 @@ class DurableClient:
         name, digest, queue = await self._agent(agent)
         check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
         runs = [(new_id("run"), prompt) for prompt in prompts]
-        rows = await asyncio.to_thread(
+        rows = await self._io(
             create_runs,
             self.db,
             agent=name,
@@ -249,7 +326,7 @@ class DurableClient:
         name, digest, queue = await self._agent(agent)
         prompts = [prompt for _, prompt in jobs]
         check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
-        started = await asyncio.to_thread(
+        started = await self._io(
             start_batch,
             self.db,
             agent=name,
@@ -290,16 +367,26 @@ class DurableClient:
     async def result(
         self, run_id: str, *, wait: bool = False, timeout: float | None = None
     ) -> RunResult:
-        """The run as it stands; with `wait`, once it is done, pending, failed or cancelled."""
+        """The run as it stands; with `wait`, once it is done, pending, failed or cancelled.
+
+        Many runs are best waited on together; one query reads them all each time:
+
+            results = await asyncio.gather(*(client.result(r, wait=True) for r in run_ids))
+        """
         if wait:
             await self._settle(run_id, timeout)
-        return await asyncio.to_thread(run_result, self.db, run_id)
+        return await self._io(run_result, self.db, run_id)
 
-    async def _settle(self, run_id: str, timeout: float | None) -> None:
+    async def _settle(self, run_id: str, timeout: float | None, since: int | None = None) -> None:
+        """Return once the run is settled. `since`: the subscription this client heard
+        announcements on before the run last changed here (`_listening`)."""
+        if self.waiting == "pushed":
+            await self._waiter_here().wait(run_id, timeout, heard_since=since)
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.01
         while True:
-            status, done = await asyncio.to_thread(settled, self.db, run_id)
+            status, done = await self._io(settled, self.db, run_id)
             if done:
                 return
             if deadline is not None and time.monotonic() >= deadline:
@@ -317,19 +404,36 @@ class DurableClient:
         budget: Budget | None = None,
     ) -> RunResult:
         """Start a run and wait until it is done or waits on the host."""
+        since = self._listening()
         run_id = await self.start(agent, prompt, conversation_id=conversation_id, budget=budget)
-        return await self._follow(run_id, timeout)
+        return await self._follow(run_id, timeout, since)
 
-    async def _follow(self, run_id: str, timeout: float | None) -> RunResult:
+    def _waiter_here(self) -> RunWaiter:
+        """This client's waiter on the running loop (a client may outlive a loop)."""
+        if self._waiter is None or self._waiter.loop is not asyncio.get_running_loop():
+            if self._waiter is not None:
+                self._waiter.close()
+            seconds = self.recheck_every.total_seconds()
+            self._waiter = RunWaiter(self.settings, self.db, self._io, recheck=seconds)
+        return self._waiter
+
+    def _listening(self) -> int | None:
+        """The subscription this client hears announcements on now, if any: a run that
+        settles after a change made from here on is announced to it."""
+        return self._waiter_here().subscription if self.waiting == "pushed" else None
+
+    async def _follow(self, run_id: str, timeout: float | None, since: int | None) -> RunResult:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            res = await self.result(run_id, wait=True, timeout=left)
+            await self._settle(run_id, left, since)
+            res = await self._io(run_result, self.db, run_id)
             if res.status != "pending" or self._wait_for is None or res.pending is None:
                 return res
             answer = self._wait_for(res.pending)
             if inspect.isawaitable(answer):
                 answer = await answer
+            since = self._listening()
             await self.submit_answer(answer)
 
     async def requests(
@@ -377,7 +481,7 @@ class DurableClient:
             cursor=cursor,
         )
         listing = all_requests if all_pages else query_requests
-        return await asyncio.to_thread(listing, self.db, query)
+        return await self._io(listing, self.db, query)
 
     async def submit_answer(
         self,
@@ -407,7 +511,7 @@ class DurableClient:
         who = decider.name if decider is not None else answered_by
         check_answer(reply, answered_by=who, max_bytes=self.settings.max_answer_bytes)
         since = tracing.now()
-        accepted = await asyncio.to_thread(
+        accepted = await self._io(
             accept_answer,
             self.db,
             reply,
@@ -439,7 +543,7 @@ class DurableClient:
             check_answer(reply, answered_by=decider.name, max_bytes=self.settings.max_answer_bytes)
         seen = revisions or {}
         since = tracing.now()
-        accepted = await asyncio.to_thread(
+        accepted = await self._io(
             accept_many, self.db, [(r, seen.get(r.id)) for r in replies], decider=decider
         )
         decisions = [(r.id, r.ok, a) for r, a in zip(replies, accepted, strict=True)]
@@ -466,7 +570,7 @@ class DurableClient:
         """
         if decision == "decline" and not (reason or "").strip():
             raise BulkRefused(tuple((rid, "declining takes a reason") for rid in revisions))
-        stored = await asyncio.to_thread(get_requests, self.db, list(revisions))
+        stored = await self._io(get_requests, self.db, list(revisions))
         refused = [
             (rid, f"no request {rid}" if rid not in stored else f"{rid} is not an approval")
             for rid in revisions
@@ -496,20 +600,31 @@ class DurableClient:
                 f"answer id {reply.id!r} does not echo the pending request id {request.id!r}",
                 request.id,
             )
+        since = self._listening()
         run_id = await self.submit_answer(reply)
-        return await self._follow(run_id, timeout)
+        return await self._follow(run_id, timeout, since)
 
     async def runs(
         self, status: str | None = None, *, agent: str | None = None, limit: int = 100
     ) -> list[RunRow]:
         """Stored runs, newest first."""
-        return await asyncio.to_thread(list_runs, self.db, status=status, agent=agent, limit=limit)
+        return await self._io(list_runs, self.db, status=status, agent=agent, limit=limit)
 
     async def cancel(self, run_id: str) -> str:
         """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""
-        return await asyncio.to_thread(cancel_run, self.db, run_id)
+        status = await self._io(cancel_run, self.db, run_id)
+        if self._waiter is not None and self._waiter.loop is asyncio.get_running_loop():
+            self._waiter.wake([run_id])  # no worker announces a cancel made here
+        return status
 
     def close(self) -> None:
+        self._mark_now()
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
         if self._inline is not None:
             self._inline.close()
         self.db.dispose()
@@ -520,6 +635,9 @@ class DurableClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._waiter is not None and self._waiter.loop is asyncio.get_running_loop():
+            await self._waiter.aclose()  # its connection closed before the loop may end
+            self._waiter = None
         self.close()
 
 

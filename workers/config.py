@@ -61,7 +61,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_max_retries": None,
         # ... and survives releasing the connection it lost (see `workers.app.Consumer`).
         "worker_consumer": "workers.app:Consumer",
-        "imports": ("tasks.turns", "tasks.answers", "tasks.maintenance"),
+        # The tasks, and the hook that announces the runs they settle (`tasks.announce`).
+        "imports": ("tasks.turns", "tasks.answers", "tasks.maintenance", "tasks.announce"),
     }
     return settings.broker_options() | worker | _pool(settings)
 

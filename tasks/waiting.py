@@ -1,0 +1,233 @@
+"""A host waiting on runs: woken by the workers' announcements, not by polling each run.
+
+One `RunWaiter` per client and event loop serves every run waited on there:
+
+- a subscriber on the announcement channel (`tasks.announce`) marks the runs
+  named as woken;
+- a checker reads the status of every woken run that is waited on, in one
+  statement (`store.settled_many`), and wakes the waiters of those settled;
+- a fallback poll reads every run waited on, in one statement, every
+  `recheck` seconds, and so does each (re)subscription: an announcement lost
+  while the subscriber reconnected, or with a broker restarted empty, or one a
+  worker could not send, never strands a waiter.
+
+A run settled before its waiter arrived is found by the first read, which
+every new wait asks for. A wait that times out reads its run once more first:
+it raises `WaitTimeout` only for a run still unsettled then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from relayq import RelayqError
+from store import Database, UnknownRun, settled, settled_many
+from tasks.announce import channel_of, decode
+from tasks.broker import redis_url
+from tasks.settings import Settings
+
+__all__ = ["RunWaiter", "WaitTimeout"]
+
+log = logging.getLogger(__name__)
+
+Io = Callable[..., Awaitable[Any]]
+MAX_PAUSE = 2.0
+"""Seconds between tries to subscribe again, at most."""
+
+
+class WaitTimeout(RelayqError, TimeoutError):
+    """A run did not settle within the time given."""
+
+    def __init__(self, run_id: str, status: str, timeout: float) -> None:
+        super().__init__(run_id, status, timeout)
+        self.run_id = run_id
+        self.status = status
+        self.timeout = timeout
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} is still {self.status} after {self.timeout:g} s"
+
+
+class RunWaiter:
+    """Waits on runs for one client on the running event loop (build it there)."""
+
+    def __init__(self, settings: Settings, db: Database, io: Io, *, recheck: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.db = db
+        self.io = io
+        self.recheck = recheck
+        self.channel = channel_of(settings)
+        self._url = redis_url(settings)
+        self.subscription: int | None = None
+        """The subscription announcements are heard on now (a number each time one
+        starts); None while there is none."""
+        self._subscriptions = 0
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
+        self._woken: set[str] = set()
+        self._everything = False
+        self._due = asyncio.Event()
+        self._tasks = [self.loop.create_task(self._check_forever())]
+        if self._url is not None:
+            self._tasks.append(self.loop.create_task(self._listen_forever(self._url)))
+        self._timer = self.loop.call_later(recheck, self._tick)
+
+    async def wait(
+        self, run_id: str, timeout: float | None, *, heard_since: int | None = None
+    ) -> None:
+        """Return once `run_id` is settled; WaitTimeout after `timeout` seconds,
+        UnknownRun for a run the store does not hold.
+
+        `heard_since`: the subscription that was listening before the caller's last
+        change to the run (a start, an answer) committed. Still listening, it hears
+        whatever settles the run after that change: no first read is needed.
+        """
+        future: asyncio.Future[None] = self.loop.create_future()
+        self._waiting.setdefault(run_id, []).append(future)
+        if heard_since is None or heard_since != self.subscription:
+            self.wake([run_id])
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            # The last word is the store's: the run's announcement may be on its way.
+            status, done = await self.io(settled, self.db, run_id)
+            if not done:
+                raise WaitTimeout(run_id, status, timeout or 0.0) from None
+        finally:
+            self._forget(run_id, future)
+
+    def wake(self, run_ids: Iterable[str]) -> None:
+        """Read these runs' status at the next check (those waited on: an announcement
+        names every run of the deployment that settles)."""
+        waited = [run_id for run_id in run_ids if run_id in self._waiting]
+        if waited:
+            self._woken.update(waited)
+            self._due.set()
+
+    def wake_all(self) -> None:
+        """Read every waited run's status at the next check."""
+        self._everything = True
+        self._due.set()
+
+    def close(self) -> None:
+        """Stop subscribing and checking (the subscriber closes its connection as it ends)."""
+        self._timer.cancel()
+        for task in self._tasks:
+            if self.loop.is_closed():
+                break
+            if self.loop is _running_loop():
+                task.cancel()
+            else:
+                self.loop.call_soon_threadsafe(task.cancel)
+
+    async def aclose(self) -> None:
+        """`close`, and wait until the subscriber has closed its connection."""
+        self.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _forget(self, run_id: str, future: asyncio.Future[None]) -> None:
+        futures = self._waiting.get(run_id)
+        if futures is not None and future in futures:
+            futures.remove(future)
+            if not futures:
+                del self._waiting[run_id]
+
+    def _tick(self) -> None:
+        if self._waiting:
+            self.wake_all()
+        self._timer = self.loop.call_later(self.recheck, self._tick)
+
+    # -- the checker --------------------------------------------------------------------------
+
+    async def _check_forever(self) -> None:
+        while True:
+            await self._due.wait()
+            self._due.clear()
+            if self._everything:
+                ids = list(self._waiting)
+            else:
+                ids = [run_id for run_id in self._woken if run_id in self._waiting]
+            self._everything = False
+            self._woken.clear()
+            if ids:
+                await self._check(ids)
+
+    async def _check(self, run_ids: list[str]) -> None:
+        """One read of these runs; their waiters wake if settled (or hear why not)."""
+        try:
+            states = await self.io(settled_many, self.db, run_ids)
+        except Exception as exc:  # the waiters raise it, as a poll of their own would
+            for run_id in run_ids:
+                self._end(run_id, exc)
+            return
+        for run_id in run_ids:
+            found = states.get(run_id)
+            if found is None:
+                self._end(run_id, UnknownRun(run_id))
+            elif found[1]:
+                self._end(run_id, None)
+
+    def _end(self, run_id: str, error: Exception | None) -> None:
+        for future in self._waiting.pop(run_id, []):
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    # -- the subscriber -----------------------------------------------------------------------
+
+    async def _listen_forever(self, url: str) -> None:
+        pause = 0.05
+        while True:
+            client = redis.asyncio.Redis.from_url(
+                url, socket_connect_timeout=5, retry=Retry(NoBackoff(), 0)
+            )
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    _stop_if_cancelled()
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
+                        self.wake(decode(message["data"]))
+                    elif message["type"] == "subscribe":
+                        # Whatever was announced before now went unheard.
+                        pause = 0.05
+                        self._subscriptions += 1
+                        self.subscription = self._subscriptions
+                        self.wake_all()
+            except Exception as exc:  # the broker went away: subscribe again, read everything
+                _stop_if_cancelled()
+                log.debug("lost the run announcements (%s); subscribing again", type(exc).__name__)
+            finally:
+                self.subscription = None
+                await pubsub.aclose()
+                await client.aclose()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE)
+
+
+def _stop_if_cancelled() -> None:
+    """Raise CancelledError if this task was asked to stop: redis-py's pub/sub read can
+    swallow the cancellation (seen when it lands as a subscription is confirmed)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
