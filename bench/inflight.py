@@ -220,6 +220,20 @@ async def wait_all(client: DurableClient, ids: set[str]) -> int:
     return len(ids) - await asyncio.to_thread(count, ("done",))
 
 
+def bench_store(base: Path, store: str, tag: str) -> tuple[Path, str, str] | None:
+    """A benchmark's home under `base` and its store: (home, database URL, PostgreSQL
+    database name, made for this process and `tag`); None, said, when PostgreSQL is
+    asked for and no server answers."""
+    home = base / store
+    home.mkdir(parents=True)
+    name = "relayq_bench_" + re.sub(r"\W", "_", f"{os.getpid()}_{tag}")
+    url = f"sqlite:///{home / 'relayq.db'}" if store == "sqlite" else postgres_url(name)
+    if url is None:
+        print(f"skipping {store}: no server", file=sys.stderr)
+        return None
+    return home, url, name
+
+
 def postgres_url(name: str) -> str | None:
     """A fresh PostgreSQL database for the run, if a server answers; dropped by `drop_postgres`."""
     try:

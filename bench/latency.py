@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.inflight import bench_env, drop_postgres, free_port, postgres_url, start_worker
+from bench.inflight import bench_env, bench_store, drop_postgres, free_port, start_worker
 from bench.inflight import wait_ready as worker_ready
 from bench.turns import start_server
 from tasks import DurableClient, Settings
@@ -122,13 +120,10 @@ def serving(env: dict[str, str], home: Path, name: str, turns: int) -> Iterator[
 
 
 def one(args: argparse.Namespace, base: Path, store: str) -> tuple[list[Sequential], list[Many]]:
-    home = base / store
-    home.mkdir(parents=True)
-    name = "relayq_bench_" + re.sub(r"\W", "_", f"{os.getpid()}_latency")
-    url = f"sqlite:///{home / 'relayq.db'}" if store == "sqlite" else postgres_url(name)
-    if url is None:
-        print(f"skipping {store}: no server", file=sys.stderr)
+    made = bench_store(base, store, "latency")
+    if made is None:
         return [], []
+    home, url, name = made
     env = bench_env(home, url, free_port(), f"relayq-bench-latency-{os.getpid()}-{store}:")
     settings = Settings.from_env(env)
     try:

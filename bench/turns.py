@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,10 +32,10 @@ from sqlalchemy import text
 
 from bench.inflight import (
     bench_env,
+    bench_store,
     cpu_seconds,
     drop_postgres,
     free_port,
-    postgres_url,
     start_worker,
     wait_all,
     wait_ready,
@@ -143,13 +142,10 @@ async def measure(
 
 
 def one(args: argparse.Namespace, base: Path, store: str) -> list[Cost]:
-    home = base / store
-    home.mkdir(parents=True)
-    name = "relayq_bench_" + re.sub(r"\W", "_", f"{os.getpid()}_turns")
-    url = f"sqlite:///{home / 'relayq.db'}" if store == "sqlite" else postgres_url(name)
-    if url is None:
-        print(f"skipping {store}: no server", file=sys.stderr)
+    made = bench_store(base, store, "turns")
+    if made is None:
         return []
+    home, url, name = made
     port = free_port()
     env = bench_env(home, url, port, f"relayq-bench-turns-{os.getpid()}-{store}:")
     out = []
