@@ -10,6 +10,7 @@ comes or a connection dropped before it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import threading
@@ -73,11 +74,13 @@ class PlainServer:
         self._handlers[task] = writer
         self.connections += 1
         self.open += 1
+        # Served until the client closes, goes away, or refuses our certificate.
+        gone = (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError)
         try:
-            while await self._one(reader, writer):
-                pass
-        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
-            pass  # the client went away, or refused our certificate
+            with contextlib.suppress(*gone):
+                served = True
+                while served:
+                    served = await self._one(reader, writer)
         finally:
             self.open -= 1
             self._handlers.pop(task, None)
