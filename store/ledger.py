@@ -92,11 +92,7 @@ def ledger_put(
     db: Database, run_id: str, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
 ) -> bool:
     """Record a finished tool call; returns whether the run has been asked to cancel."""
-    values = ledger_values(run_id, at, call_id, attempt, outcome, executions=1, now=utcnow())
-    with db.transaction() as conn:
-        conn.execute(sql.ledger_finish(conn.dialect.name), values)
-        cancel = conn.execute(sql.CANCEL_FLAG, {"rid": run_id}).scalar_one_or_none()
-        return cancel is None or bool(cancel)
+    return ledger_put_all(db, run_id, [LedgerEntry(at, call_id, attempt, outcome)])
 
 
 def ledger_put_all(db: Database, run_id: str, entries: Sequence[LedgerEntry]) -> bool:
