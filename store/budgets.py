@@ -38,7 +38,7 @@ from store.requests import (
 from store.runs import label_of
 from store.transitions import move
 
-__all__ = ["Gate", "batch_has_budget", "budget_answered", "budget_gate", "end_over_budget"]
+__all__ = ["Gate", "budget_answered", "budget_gate", "end_over_budget"]
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,6 @@ def budget_gate(
         move(s, run, "pending", now=moment)
         open_request(s, run, request, moment, ttl=None, on_expiry="error")
         return Gate("asked", f"asks {request.id}: {over.describe()}")
-
-
-def batch_has_budget(db: Database, batch_id: str) -> bool:
-    """Whether the batch has a budget its runs keep to (one read, no lock)."""
-    with db.read() as s:
-        return bool(s.exec(select(BatchRow.budget).where(BatchRow.id == batch_id)).first())
 
 
 def _budgeted_batch(s: Session, run: RunRow) -> BatchRow | None:

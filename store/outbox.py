@@ -28,7 +28,9 @@ __all__ = [
     "TURN_QUEUE",
     "TURN_TASK",
     "enqueue_answer",
+    "enqueue_first_turns",
     "enqueue_turn",
+    "is_first_turn",
     "mark_published",
     "resend",
     "sent_at",
@@ -45,6 +47,7 @@ MAINTENANCE_QUEUE = "relayq.maintenance"
 
 _TABLE = OutboxRow.__table__  # type: ignore[attr-defined]
 _INSERT = insert(_TABLE).returning(_TABLE.c.id)
+_INSERT_MANY = insert(_TABLE).returning(_TABLE.c.id, sort_by_parameter_order=True)
 # The worker names its agent's queue for every turn it queues, and a batch's run must not
 # leave its batch's queue for it: the INSERT itself picks the batch's queue, if any.
 _INSERT_KEEPING_BATCH = (
@@ -103,6 +106,35 @@ def enqueue_turn(
         row_id = session.execute(_INSERT, values).scalar_one()
     session.execute(_SPENT, {"rid": run_id, "newest": row_id})
     return OutboxRow(id=row_id, **values)
+
+
+def enqueue_first_turns(
+    conn: Session | Connection, run_ids: list[str], labels: list[str], *, queue: str
+) -> list[OutboxRow]:
+    """The first turn messages of runs just created, all on `queue`, in one statement:
+    new runs have no earlier rows to delete, nor a batch queue to keep other than `queue`."""
+    now = utcnow()
+    values: list[dict[str, Any]] = [
+        {
+            "task": TURN_TASK,
+            "queue": queue,
+            "args": [run_id, 0],
+            "countdown": 0.0,
+            "run_id": run_id,
+            "label": label,
+            "sends": 0,
+            "created_at": now,
+        }
+        for run_id, label in zip(run_ids, labels, strict=True)
+    ]
+    ids = conn.execute(_INSERT_MANY, values).scalars().all()
+    return [OutboxRow(id=row_id, **row) for row_id, row in zip(ids, values, strict=True)]
+
+
+def is_first_turn(row: OutboxRow) -> bool:
+    """Whether `row` is the first turn of a run never claimed: a run is created at version
+    0, and every change of its status moves its version on."""
+    return row.task == TURN_TASK and row.args[1] == 0
 
 
 def _last_queue(session: Session | Connection, run_id: str) -> str:

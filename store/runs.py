@@ -21,15 +21,28 @@ from store.errors import UnknownRun
 from store.events import emit
 from store.messages import conversation, message_row, message_values
 from store.models import FINISHED, OutboxRow, RunRow, utcnow
-from store.outbox import TURN_QUEUE, enqueue_turn
+from store.outbox import TURN_QUEUE, enqueue_first_turns, enqueue_turn
 from store.requests import cancel_requests
 from store.transitions import move
 
-__all__ = ["cancel_locked", "cancel_run", "create_run", "create_runs", "fail_locked", "label_of"]
+__all__ = [
+    "cancel_locked",
+    "cancel_run",
+    "create_run",
+    "create_runs",
+    "fail_locked",
+    "label_of",
+    "turn_label",
+]
 
 
 def label_of(run: RunRow) -> str:
-    return f"run={run.id} agent={run.agent} turn={run.turns + 1}"
+    """The label of the run's next turn message (Flower shows it as the task's arguments)."""
+    return turn_label(run.id, run.agent, run.turns + 1)
+
+
+def turn_label(run_id: str, agent: str, turn: int) -> str:
+    return f"run={run_id} agent={agent} turn={turn}"
 
 
 def create_run(
@@ -141,24 +154,25 @@ def insert_runs(
         return []
     now = utcnow()
     placed: list[tuple[int | None, str | None]] = list(jobs) if jobs else [(None, None)] * len(runs)
+    # One row built and validated; the others are its values with their own ids (building
+    # a RunRow each is most of the cost of starting 5,000).
+    common = RunRow(
+        id="",
+        agent=agent,
+        conversation_id="",
+        status="queued",
+        tools_digest=tools_digest,
+        started_by=started_by,
+        batch_id=batch_id,
+        budget=budget,
+        created_at=now,
+        updated_at=now,
+    ).model_dump()
     rows = [
-        RunRow(
-            id=run_id,
-            agent=agent,
-            conversation_id=run_id,
-            status="queued",
-            tools_digest=tools_digest,
-            started_by=started_by,
-            batch_id=batch_id,
-            job_id=job,
-            job_index=index,
-            budget=budget,
-            created_at=now,
-            updated_at=now,
-        )
+        {**common, "id": run_id, "conversation_id": run_id, "job_id": job, "job_index": index}
         for (run_id, _), (index, job) in zip(runs, placed, strict=True)
     ]
-    conn.execute(sql.RUNS.insert(), [r.model_dump() for r in rows])
+    conn.execute(sql.RUNS.insert(), rows)
     conn.execute(
         sql.MESSAGES.insert(),
         [
@@ -166,8 +180,8 @@ def insert_runs(
             for run_id, prompt in runs
         ],
     )
-    first = queue or TURN_QUEUE
-    return [enqueue_turn(conn, r.id, r.version, label=label_of(r), queue=first) for r in rows]
+    labels = [turn_label(run_id, agent, 1) for run_id, _ in runs]
+    return enqueue_first_turns(conn, [r for r, _ in runs], labels, queue=queue or TURN_QUEUE)
 
 
 def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) -> None:

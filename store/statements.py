@@ -20,6 +20,7 @@ from store.transitions import transition
 
 __all__ = [
     "BATCHES",
+    "BATCH_BUDGET",
     "CANCEL_FLAG",
     "CHARGE_BATCH",
     "CLAIM",
@@ -53,9 +54,25 @@ _CLAIMED = (
 )  # fmt: skip
 
 
-CLAIM = transition(
-    "queued", "running", sets=("claimed_by", "worker", "lease_until"), returning=_CLAIMED
-).where(RUNS.c.cancel_requested.is_(False))
+BATCHES = BatchRow.__table__  # type: ignore[attr-defined]
+
+
+# The run's batch's budget, read with the claim: a batch run's turn need not read it apart.
+BATCH_BUDGET = (
+    select(BATCHES.c.budget)
+    .where(BATCHES.c.id == RUNS.c.batch_id)
+    .scalar_subquery()
+    .label("batch_budget")
+)
+
+
+CLAIM = (
+    transition(
+        "queued", "running", sets=("claimed_by", "worker", "lease_until"), returning=_CLAIMED
+    )
+    .where(RUNS.c.cancel_requested.is_(False))
+    .returning(BATCH_BUDGET)
+)
 
 
 CONVERSATION = (
@@ -109,9 +126,6 @@ def finish(to: str, *, charged: bool = False) -> Any:
             cost=RUNS.c.cost + bindparam("cost"),
         )
     return stmt
-
-
-BATCHES = BatchRow.__table__  # type: ignore[attr-defined]
 
 
 # What a turn adds to its batch's spending, for a batch with a budget.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from relayq import Usage
 from relayq import _transcript as tx
@@ -25,7 +25,7 @@ from store.errors import StaleClaim
 from store.events import emit
 from store.ledger import LedgerEntry, ledger_values, write_entries
 from store.messages import conversation, storable_text, write_messages
-from store.models import OutboxRow, RunRow, utcnow
+from store.models import BatchRow, OutboxRow, RunRow, utcnow
 from store.outbox import enqueue_turn
 from store.requests import open_request
 from store.runs import cancel_locked, fail_locked, label_of
@@ -67,6 +67,8 @@ class Claim:
     budget: dict[str, Any] | None = None
     """The run's own budget (`relayq.budgets.Budget` wire), if it has one."""
     batch_id: str | None = None
+    batch_budgeted: bool = False
+    """The run's batch had a budget when the turn was claimed."""
     taken_over: bool = False
     """This delivery took the run over from one whose worker died."""
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -108,7 +110,7 @@ def claim_turn(
         ).first()
         if took is not None:
             messages = kept if kept is not None else conversation(conn, took.conversation_id)
-            return _claim_of(run_id, took, messages)
+            return _claim_of(run_id, took, messages, batch_budgeted=bool(took.batch_budget))
     with db.write() as s:
         run = s.get(RunRow, run_id, with_for_update=True)
         if run is None:
@@ -138,11 +140,25 @@ def claim_turn(
             lease_until=until,
             crashes=ONE_MORE_CRASH if taken_over else run.crashes,
         )
-        return _claim_of(run_id, run, conversation(s, run.conversation_id), taken_over=taken_over)
+        budgeted = run.batch_id is not None and bool(
+            s.exec(select(BatchRow.budget).where(BatchRow.id == run.batch_id)).first()
+        )
+        return _claim_of(
+            run_id,
+            run,
+            conversation(s, run.conversation_id),
+            taken_over=taken_over,
+            batch_budgeted=budgeted,
+        )
 
 
 def _claim_of(
-    run_id: str, run: Any, messages: list[dict[str, Any]], *, taken_over: bool = False
+    run_id: str,
+    run: Any,
+    messages: list[dict[str, Any]],
+    *,
+    taken_over: bool = False,
+    batch_budgeted: bool = False,
 ) -> Claim:
     """A Claim from the run as claimed: a RunRow or a row of the claim's RETURNING."""
     return Claim(
@@ -158,6 +174,7 @@ def _claim_of(
         cost=run.cost,
         budget=run.budget,
         batch_id=run.batch_id,
+        batch_budgeted=batch_budgeted,
         taken_over=taken_over,
         messages=messages,
     )

@@ -3,7 +3,7 @@
 The sweeper needs it to tell a message that was lost (with a worker that
 died holding it, or with a broker restarted empty) from one still waiting
 its turn behind a backlog. Kombu's Redis transport keeps a queue as a list
-per priority level (`priority_lists`; a batch's turns wait at 9), each pushed
+per priority level (`priority_lists`; a batch's turns wait at 6 and 9), each pushed
 at the head and popped at the tail, so the tails are the oldest.
 """
 

@@ -46,7 +46,7 @@ from store import (
     retry_turn,
     save_reply,
 )
-from store.budgets import Gate, batch_has_budget, budget_gate
+from store.budgets import Gate, budget_gate
 from store.ledger import LedgerEntry, ledger_put_all
 from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
 from tasks.limiter import limited_model
@@ -432,9 +432,7 @@ async def _budget_gate(rt: Runtime, claim: Claim, agent: Agent) -> Gate:
     own = Budget.from_wire(claim.budget)
     guess = next_call(claim.messages, lambda usage: cost_of(agent, usage))
     spent = Spent(claim.total_tokens, claim.cost)
-    if overrun(own or agent.budget, spent, guess, "run") is None and not (
-        claim.batch_id is not None and await rt.io(batch_has_budget, rt.db, claim.batch_id)
-    ):
+    if overrun(own or agent.budget, spent, guess, "run") is None and not claim.batch_budgeted:
         # Within its own budget, and no batch's to keep to: no write, no lock on the batch.
         return Gate("go")
     return await rt.io(

@@ -38,8 +38,10 @@ UNREACHABLE: tuple[type[Exception], ...] = (aiohttp.ClientError, OSError)
 """What `Sessions.post` raises when the endpoint cannot be reached or breaks off; a timeout
 is a TimeoutError (an OSError, and for aiohttp a ClientError too)."""
 
-_KEEP_IDLE = 5.0
-"""Seconds an idle connection is kept open, as httpx kept them (aiohttp's own default is 15)."""
+_KEEP_IDLE = 2.0
+"""Seconds an idle connection is kept open (aiohttp closes it within twice that). Well
+under the 5 s after which uvicorn and Node close one: a busy loop reads a server's close
+late, and a call sent on a connection just closed fails "Server disconnected"."""
 _EXIT_WAIT = 1.0
 """Seconds to wait at exit, in all, for running loops to close their sessions."""
 

@@ -32,6 +32,7 @@ from tasks.broker import priority_lists
 from tasks.gauges import BrokerView, StoreGauges
 from tests.brokers import PrivateRedis
 from tests.conftest import Parts
+from tests.durable.batch_agents import STEPS
 
 from .conftest import PG_ADMIN, Broker, Durable, Eventually, SpareWorkers, Worker, _postgres_url
 from .sent_messages import sent_messages
@@ -247,6 +248,24 @@ async def test_a_small_batch_started_after_a_large_one_is_not_left_to_the_end(
     last_of_small = len(order) - 1 - order[::-1].index("small")
     assert order[:last_of_small].count("large") < 20, order
     await eventually(done_within(client, large.batch_id, 40), timeout=60, what="batch A")
+
+
+async def test_a_batch_finishes_the_runs_it_started_before_it_starts_more(
+    place: Place, tag: str, eventually: Eventually
+):
+    # Given a worker taking one turn at a time
+    place.worker(RELAYQ_CONCURRENCY="1")
+    client = place.client()
+
+    # When a batch of four runs of three turns each runs on it
+    batch = await client.start_batch("stepping", jobs(tag, "j", 4))
+    await eventually(done_within(client, batch.batch_id, 4), timeout=60, what="the batch")
+
+    # Then each run's next turn went before the next run's first: the batch went depth
+    # first, finishing a run every three turns, not every run at the very end
+    order = [prompt.split(maxsplit=1)[1] for prompt, _ in place.calls(tag)]
+    expected = [f"j {job} t{turn}" for job in range(4) for turn in range(STEPS)]
+    assert order == expected
 
 
 # --- workers for interactive runs only, or batches only ------------------------------------

@@ -69,6 +69,25 @@ async def test_calls_on_one_event_loop_share_one_kept_alive_connection(plain, cl
     assert plain.connections == 1
 
 
+async def test_an_idle_connection_is_closed_before_a_five_second_keep_alive_closes_it(
+    plain, close_later
+):
+    """A server closing idle connections after 5 s (uvicorn's, Node's) races a client that
+    keeps them as long: a call sent on one it just closed fails "Server disconnected".
+    Under load, in a busy worker, that failed a fifth of the turns."""
+    model = close_later(model_on(plain.base))
+    await model.complete(HI)
+    assert plain.open == 1
+
+    deadline = time.monotonic() + 4.5
+    while plain.open and time.monotonic() < deadline:  # noqa: ASYNC110 (the server counts)
+        await asyncio.sleep(0.05)  # the client's loop runs: it closes what sat idle too long
+    assert plain.open == 0, "the client still holds an idle connection after 4.5 s"
+
+    await model.complete(HI)
+    assert plain.connections == 2
+
+
 async def test_each_event_loop_has_its_own_connections_and_one_ending_leaves_the_others(
     plain, close_later
 ):
