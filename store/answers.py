@@ -43,7 +43,7 @@ from store.events import emit_about
 from store.messages import conversation, write_messages
 from store.models import OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
-from store.requests import request_of
+from store.requests import release_waiters, request_of
 from store.runs import cancel_locked, fail_locked, label_of
 from store.transitions import move
 from store.votes import vote
@@ -263,7 +263,8 @@ def apply_answer_of(db: Database, request_id: str) -> list[OutboxRow]:
             return []
         row.applied = True
         if run is None or run.status != "pending":
-            return []
+            # Its run ended meanwhile; runs of its batch waiting on it look again.
+            return release_waiters(s, [row.id], utcnow()) if row.kind == BUDGET_KIND else []
         if row.kind == BUDGET_KIND:
             return budget_answered(s, row, run)  # the transcript is not touched
         before = conversation(s, run.conversation_id)

@@ -90,7 +90,7 @@ def budget_gate(
             end_over_budget(s, run, moment, why)
             return Gate("ended", why)
         if over.scope == "batch" and batch is not None:
-            asking = _open_batch_request(s, batch.id)
+            asking = _batch_request_undecided(s, batch.id)
             if asking is not None:
                 move(s, run, "pending", now=moment, waiting_on=asking)
                 return Gate("waiting", f"waits on {asking} for its batch's budget")
@@ -108,14 +108,18 @@ def _budgeted_batch(s: Session, run: RunRow) -> BatchRow | None:
     return batch if batch is not None and batch.budget else None
 
 
-def _open_batch_request(s: Session, batch_id: str) -> str | None:
+def _batch_request_undecided(s: Session, batch_id: str) -> str | None:
+    """The batch's budget request still to take effect: open, or decided and not yet
+    applied (the answer task is on its way). A run past the batch's budget waits on it;
+    asking again would ask a person twice for one batch."""
     return s.exec(
         select(RequestRow.id)
         .join(RunRow, col(RunRow.id) == col(RequestRow.run_id))
         .where(
             RunRow.batch_id == batch_id,
             RequestRow.kind == "budget",
-            RequestRow.status == "open",
+            col(RequestRow.status).in_(("open", "answered", "expired")),
+            col(RequestRow.applied).is_(False),
         )
         .limit(1)
     ).first()

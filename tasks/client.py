@@ -65,7 +65,7 @@ from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
 from tasks import tracing
 from tasks.broker import redis_url
-from tasks.publish import send, sender_app
+from tasks.publish import batches_changed, send, sender_app
 from tasks.settings import Settings
 from tasks.waiting import RunWaiter, WaitTimeout
 
@@ -341,6 +341,8 @@ class DurableClient:
             run_budget=None if run_budget is None else run_budget.to_wire(),
         )
         await self._publish(started.outbox)
+        if started.started and self._inline is None:
+            await asyncio.to_thread(batches_changed, self.app)
         return started
 
     async def _agent(self, agent: Agent | str) -> tuple[str, str | None, str | None]:

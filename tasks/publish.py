@@ -29,6 +29,7 @@ from tasks.settings import Settings, queue_named
 __all__ = [
     "BATCH_PRIORITY",
     "BATCH_STARTED_PRIORITY",
+    "batches_changed",
     "priority_of",
     "publish",
     "send",
@@ -65,6 +66,18 @@ def sender_app(settings: Settings) -> Celery:
     app = Celery("relayq-sender", set_as_current=False)
     app.conf.update(settings.broker_options())
     return app
+
+
+def batches_changed(app: Celery) -> None:
+    """Tell every worker that a batch has new runs, so that those taking batches consume its
+    queue at once instead of at their next look at the store (`RELAYQ_BATCH_POLL`).
+
+    Best effort: a worker that misses it finds the batch at its next look.
+    """
+    try:
+        app.control.broadcast("relayq_batches_changed", reply=False)
+    except Exception as exc:
+        log.warning("could not tell the workers a batch started: %s", type(exc).__name__)
 
 
 def publish(app: Celery, db: Database, rows: Iterable[OutboxRow]) -> int:

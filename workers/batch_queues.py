@@ -5,7 +5,8 @@ when the batch starts, so no worker can be told its name in advance. A thread
 of the worker's main process reads the active batches' queues from the store
 every `RELAYQ_BATCH_POLL` seconds; the consumer's own thread then starts
 consuming the new ones and stops consuming those whose batch has finished, as
-Celery's `add_consumer` and `cancel_consumer` remote commands do. Both change
+Celery's `add_consumer` and `cancel_consumer` remote commands do. A host that starts a
+batch broadcasts `relayq_batches_changed`, and the thread looks at once. Both change
 the worker's selection of queues (`app.amqp.queues.consume_from`), from which
 Celery builds its task consumer again after a lost broker connection: the
 batch queues are consumed again on reconnection without more ado.
@@ -29,7 +30,7 @@ import threading
 from typing import Any
 
 from celery import bootsteps
-from celery.worker.control import inspect_command
+from celery.worker.control import control_command, inspect_command
 
 from store import Database, migrate
 from store.batch_queues import active_batch_queues, is_batch_queue, is_batch_queue_of
@@ -57,6 +58,8 @@ class BatchQueues(bootsteps.StartStopStep):
             # builds its task consumer from what is selected when it starts.
             queues.deselect(list(self.bases))
         self._stop = threading.Event()
+        self._look = threading.Event()
+        """Set to look at the store now: a batch has started (`relayq_batches_changed`)."""
         self._thread: threading.Thread | None = None
         self._db: Database | None = None
 
@@ -84,6 +87,7 @@ class BatchQueues(bootsteps.StartStopStep):
 
     def shutdown(self, parent: Any) -> None:
         self._stop.set()
+        self._look.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._db is not None:
@@ -113,8 +117,14 @@ class BatchQueues(bootsteps.StartStopStep):
                 # Celery's consumer is not thread-safe: its event loop runs this (the
                 # hub's `call_soon` wakes it), as it runs the remote-control commands.
                 parent.call_soon(self._follow, parent, wanted)
-            if self._stop.wait(self.settings.batch_poll):
+            self._look.wait(self.settings.batch_poll)
+            self._look.clear()
+            if self._stop.is_set():
                 return
+
+    def look_now(self) -> None:
+        """Look at the store's active batches now rather than at the next poll."""
+        self._look.set()
 
     def _database(self) -> Database:
         if self._db is None:
@@ -149,6 +159,16 @@ class BatchQueues(bootsteps.StartStopStep):
             except Exception as exc:
                 log.warning("could not stop consuming queue %s: %r", name, exc)
             queues.pop(name, None)  # a worker that runs for months meets many batches
+
+
+@control_command(name="relayq_batches_changed")
+def batches_changed(state: Any, **_: Any) -> dict[str, Any]:
+    """A batch has new runs (`tasks.publish.batches_changed`): look at the store now, so its
+    first turns need not wait for the next poll."""
+    step = BatchQueues.of(state.consumer)
+    if step is not None and step.mode != "skip":
+        step.look_now()
+    return {"ok": "looking"}
 
 
 @inspect_command(name="relayq_batch_queues")

@@ -177,6 +177,22 @@ async def test_a_batch_started_with_no_worker_waits_at_low_priority_until_one_st
     )
 
 
+async def test_a_worker_takes_a_new_batch_at_once_not_at_its_next_look_at_the_store(
+    place: Place, tag: str, eventually: Eventually
+):
+    # Given a worker that looks at the store for active batches only once a minute, and
+    # has had its first look
+    place.worker(RELAYQ_BATCH_POLL="60")
+    await asyncio.sleep(1.0)
+    client = place.client()
+
+    # When a batch starts
+    batch = await client.start_batch("paced", jobs(tag, "j", 2))
+
+    # Then the worker runs it within seconds: the host told every worker it started
+    await eventually(done_within(client, batch.batch_id, 2), timeout=20, what="the batch")
+
+
 async def test_a_retried_batch_turn_goes_back_to_its_queue_at_the_batch_priority(
     place: Place, tag: str, eventually: Eventually, tmp_path: Path
 ):
