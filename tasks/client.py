@@ -187,20 +187,22 @@ class DurableClient:
         call = functools.partial(fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._threads, call)
 
-    async def _publish(self, rows: Iterable[OutboxRow]) -> None:
-        """Send the messages a change wrote; in eager mode, run them here and now."""
+    async def _publish(self, rows: Iterable[OutboxRow]) -> int:
+        """Send the messages a change wrote; in eager mode, run them here and now. Returns
+        how many went to the broker."""
         rows = list(rows)
         await tracing.runs_published(self.db, rows)  # a new run's trace starts here
         if self._inline is not None:
             await self._inline.publish(rows)
-            return
+            return 0
         if not rows:
-            return
+            return 0
         # The broker on a thread: a send may wait out a reconnection.
         sent = await asyncio.to_thread(send, self.app, rows)
         self._unmarked.extend(sent)
         if self._unmarked and (self._marker is None or self._marker.done()):
             self._marker = asyncio.get_running_loop().create_task(self._mark_soon())
+        return len(sent)
 
     async def _mark_soon(self) -> None:
         await asyncio.sleep(MARK_AFTER)
@@ -340,8 +342,8 @@ class DurableClient:
             budget=None if budget is None else budget.to_wire(),
             run_budget=None if run_budget is None else run_budget.to_wire(),
         )
-        await self._publish(started.outbox)
-        if started.started and self._inline is None:
+        if await self._publish(started.outbox):
+            # Not when nothing went: a broker that is down would only be waited for again.
             await asyncio.to_thread(batches_changed, self.app)
         return started
 
