@@ -32,6 +32,7 @@ from cli._common import (
     user_errors,
     warn_if_no_worker,
 )
+from cli.approvals import os_user
 from relayq._types import new_id
 from relayq.limits import check_run_input
 from store import FINISHED, Database, RunRow, result_of
@@ -214,6 +215,7 @@ def batch(
             agent,
             [(job.key, job.prompt) for job in todo],
             batch_id=batch_id,
+            started_by=f"cli:{os_user()}",
             restart_changed=restart_changed,
             budget=budget,
             run_budget=run_budget,

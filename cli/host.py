@@ -35,7 +35,7 @@ from cli._common import (
     run_with_client,
     settings,
 )
-from cli.approvals import cli_decider, decision_answer
+from cli.approvals import cli_decider, decision_answer, os_user
 from cli.render import MessagePrinter, age, clip, print_pending, print_requests, status_style
 from relayq import Answer, RunResult
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
@@ -87,7 +87,7 @@ def run(
     out = console()
 
     async def go(client: DurableClient) -> RunResult:
-        run_id = await client.start(agent, prompt, budget=budget)
+        run_id = await client.start(agent, prompt, budget=budget, started_by=f"cli:{os_user()}")
         out.print(Text.assemble(("run ", "dim"), (run_id, "bold"), (f"  agent {agent}", "dim")))
         watch = WorkerWatch(agent, current, client.db)
         try:

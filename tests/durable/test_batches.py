@@ -16,6 +16,7 @@ from sqlmodel import select
 from typer.testing import CliRunner, Result
 
 from api.app import create_app
+from cli.approvals import os_user
 from cli.main import app
 from store import (
     Database,
@@ -75,6 +76,8 @@ def test_a_batch_is_a_record_with_status_and_an_export_in_input_order(
         3,
     )
     assert found["etaSeconds"] == 0
+    assert found["startedBy"] == f"cli:{os_user()}", "who started it, as the CLI knows"
+    assert {r.started_by for r in runs_of(durable, batch_id)} == {f"cli:{os_user()}"}
     assert batch_id in [b["id"] for b in json.loads(listed.stdout)["items"]]
     lines = [json.loads(line) for line in exported.stdout.splitlines()]
     assert [line["id"] for line in lines] == ["j0", "j1", "j2"]
