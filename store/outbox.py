@@ -34,6 +34,7 @@ __all__ = [
     "mark_published",
     "resend",
     "sent_at",
+    "turn_label",
     "task_id_of",
     "unpublished",
 ]
@@ -129,6 +130,11 @@ def enqueue_first_turns(
     ]
     ids = conn.execute(_INSERT_MANY, values).scalars().all()
     return [OutboxRow(id=row_id, **row) for row_id, row in zip(ids, values, strict=True)]
+
+
+def turn_label(run_id: str, agent: str, turn: int) -> str:
+    """A turn message's label (Flower shows it as the task's arguments)."""
+    return f"run={run_id} agent={agent} turn={turn}"
 
 
 def is_first_turn(row: OutboxRow) -> bool:

@@ -23,7 +23,7 @@ from store.db import Database
 from store.events import emit_about
 from store.messages import storable_text
 from store.models import OutboxRow, RequestRow, RunRow, utcnow
-from store.outbox import enqueue_turn
+from store.outbox import enqueue_turn, turn_label
 from store.paging import DEFAULT_PAGE, MAX_PAGE, BadQuery, Page, decode_cursor, encode_cursor
 from store.transitions import move
 
@@ -194,7 +194,7 @@ def release_waiters(s: Session, request_ids: Sequence[str], now: datetime) -> li
     outbox = []
     for run in waiters_of(s, request_ids):
         move(s, run, "queued", now=now, waiting_on=None)
-        label = f"run={run.id} agent={run.agent} turn={run.turns + 1}"
+        label = turn_label(run.id, run.agent, run.turns + 1)
         outbox.append(enqueue_turn(s, run.id, run.version, label=label))
     return outbox
 

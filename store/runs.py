@@ -21,7 +21,7 @@ from store.errors import UnknownRun
 from store.events import emit
 from store.messages import conversation, message_row, message_values
 from store.models import FINISHED, OutboxRow, RunRow, utcnow
-from store.outbox import TURN_QUEUE, enqueue_first_turns, enqueue_turn
+from store.outbox import TURN_QUEUE, enqueue_first_turns, enqueue_turn, turn_label
 from store.requests import cancel_requests
 from store.transitions import move
 
@@ -32,17 +32,12 @@ __all__ = [
     "create_runs",
     "fail_locked",
     "label_of",
-    "turn_label",
 ]
 
 
 def label_of(run: RunRow) -> str:
-    """The label of the run's next turn message (Flower shows it as the task's arguments)."""
+    """The label of the run's next turn message."""
     return turn_label(run.id, run.agent, run.turns + 1)
-
-
-def turn_label(run_id: str, agent: str, turn: int) -> str:
-    return f"run={run_id} agent={agent} turn={turn}"
 
 
 def create_run(

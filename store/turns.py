@@ -26,7 +26,7 @@ from store.events import emit
 from store.ledger import LedgerEntry, ledger_values, write_entries
 from store.messages import conversation, storable_text, write_messages
 from store.models import BatchRow, OutboxRow, RunRow, utcnow
-from store.outbox import enqueue_turn
+from store.outbox import enqueue_turn, turn_label
 from store.requests import open_request
 from store.runs import cancel_locked, fail_locked, label_of
 from store.transitions import ONE_MORE_ATTEMPT, ONE_MORE_CRASH, SPENT_MESSAGES, move
@@ -304,7 +304,7 @@ def finish_turn(
         )
         write_messages(s, claim.conversation_id, claim.run_id, before, turn.messages)
         if turn.status == "next":
-            label = f"run={claim.run_id} agent={claim.agent} turn={turns + 1}"
+            label = turn_label(claim.run_id, claim.agent, turns + 1)
             return [enqueue_turn(s, claim.run_id, claim.version + 1, label=label, queue=queue)]
         if turn.status == "pending":
             assert turn.pending is not None
