@@ -274,7 +274,9 @@ class AsyncioPool(BasePool):
 
     @property
     def num_processes(self) -> int:
-        return 1
+        # Celery reads it as the turns a worker runs at once: the prefetch count it
+        # restores after every broker reconnect is `num_processes * multiplier`.
+        return int(self.limit)
 
 
 def requests_kept_apart() -> bool:

@@ -150,6 +150,41 @@ async def test_a_worker_rides_out_a_broker_outage_and_consumes_again(
     assert worker.proc.returncode == 0
 
 
+@pytest.mark.timeout(120)
+async def test_a_worker_holds_its_concurrency_in_flight_again_after_the_broker_returns_empty(
+    outage: Outage, eventually: Eventually
+):
+    # Given a worker of 50 turns at once with one turn held in flight, and a model that
+    # answers only when 40 of its calls wait together (`tests.durable.agents.crowd`)
+    outage.start_worker(
+        pool="asyncio",
+        concurrency=50,
+        RELAYQ_TEST_CROWD="40",
+        RELAYQ_TEST_CROWD_WAIT="15",
+        RELAYQ_MODEL_RETRIES="0",
+    )
+    held = f"held {uuid.uuid4().hex}"
+    async with DurableClient(settings=outage.settings) as client:
+        await client.start("held", held)
+    await eventually(lambda: held in outage.models_started(), what="the turn to be in flight")
+
+    # When the broker is killed and comes back empty
+    outage.redis.kill()
+    await eventually(lambda: LOST in outage.log(), what="the worker to notice the outage")
+    outage.redis.restart_empty()
+    await eventually(
+        lambda: outage.log().count(CONNECTED) == 2, timeout=30, what="the worker to reconnect"
+    )
+
+    # Then it takes 40 turns at once again (Celery restores its prefetch from the pool's
+    # size after a reconnect: one at a time if the pool says it has one process)
+    async with DurableClient(settings=outage.settings) as client:
+        ids = [await client.start("crowd", f"crowd {i} {uuid.uuid4().hex}") for i in range(40)]
+        results = await asyncio.gather(*(client.result(i, wait=True, timeout=40) for i in ids))
+    release(held)
+    assert [r.status for r in results] == ["done"] * 40, {r.error for r in results}
+
+
 async def test_a_worker_that_stops_on_its_own_exits_non_zero(
     outage: Outage, eventually: Eventually
 ):

@@ -263,14 +263,15 @@ def stranded(db: Database, run_ids: list[str]) -> dict[str, int]:
 async def test_runs_move_on_within_the_bound_after_the_broker_comes_back_empty(
     durable: Durable, tmp_path: Path, prompt: str
 ):
-    # Given a broker of this test's own, a worker with 10 turns in flight, and 30 runs
-    # whose relay calls a host answers as they open
+    # Given a broker of this test's own, a worker of 50 turns at once, and 50 runs whose
+    # relay calls a host answers as they open (after the reconnect the worker must take
+    # 50 at once again: one at a time, the last of them moved on 30 s after the return)
     redis = PrivateRedis(tmp_path / "redis").start()
-    env = {**durable.env, "RELAYQ_BROKER_URL": redis.url, "RELAYQ_CONCURRENCY": "10"}
+    env = {**durable.env, "RELAYQ_BROKER_URL": redis.url, "RELAYQ_CONCURRENCY": "50"}
     worker = Worker(env, tmp_path / "worker.log").start()
     try:
         async with DurableClient(settings=Settings.from_env(env)) as client:
-            run_ids = await client.start_many("steady", [f"{prompt} #{i}" for i in range(30)])
+            run_ids = await client.start_many("steady", [f"{prompt} #{i}" for i in range(50)])
             host = asyncio.create_task(answer_everything(client, set(run_ids)))
             await asyncio.sleep(2.0)
 
@@ -283,7 +284,7 @@ async def test_runs_move_on_within_the_bound_after_the_broker_comes_back_empty(
             held = stranded(client.db, run_ids)
 
             # Then every run the broker stranded moves on within the bound, the worker
-            # still the same process, and all 30 finish once
+            # still the same process, and all 50 finish once
             delays = await moved_on(client.db, held, back_at)
             figures(durable, "broker killed and restarted empty mid-batch", delays)
             assert held, "the outage stranded nothing: the probe proved nothing"
