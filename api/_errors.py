@@ -6,6 +6,8 @@ the store's refusal already says what happened.
 
 from __future__ import annotations
 
+import math
+
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 
@@ -25,7 +27,7 @@ from relayq import (
     UnknownRequest,
     UnstorableInput,
 )
-from store import JobChanged, UnknownBatch, UnknownRun
+from store import JobChanged, StoreUnavailable, UnknownBatch, UnknownRun
 from store.paging import BadQuery
 
 __all__ = ["http_error", "refused", "status_of"]
@@ -49,6 +51,7 @@ _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
     (UnstorableInput, 422),
     (BadQuery, 422),
     (AgentError, 422),
+    (StoreUnavailable, 503),
 )
 
 
@@ -57,11 +60,18 @@ def status_of(exc: RelayqError) -> int:
     return next((status for kind, status in _STATUS if isinstance(exc, kind)), 500)
 
 
+def headers_of(exc: RelayqError) -> dict[str, str] | None:
+    """What the answer says beside its status: when to try again, for a store outage."""
+    if isinstance(exc, StoreUnavailable):
+        return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return None
+
+
 def http_error(exc: RelayqError) -> HTTPException:
-    return HTTPException(status_of(exc), str(exc))
+    return HTTPException(status_of(exc), str(exc), headers=headers_of(exc))
 
 
 async def refused(request: Request, exc: Exception) -> JSONResponse:
     """The app's handler for every RelayqError a route lets through."""
     assert isinstance(exc, RelayqError)
-    return JSONResponse({"detail": str(exc)}, status_code=status_of(exc))
+    return JSONResponse({"detail": str(exc)}, status_code=status_of(exc), headers=headers_of(exc))

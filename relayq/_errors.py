@@ -33,6 +33,9 @@
     ├── JobChanged           a batch's rerun changes a job's prompt, or its agent (store.batches)
     ├── BadQuery             a listing's filter, sort, page size or cursor refused (store.paging)
     ├── StaleClaim           a turn lost its claim on its run; it writes nothing (store.errors)
+    ├── StoreUnavailable     the store cannot be reached or take the call now; try again
+    │   │                    (store.errors: `.address` without a password, `.retry_after`)
+    │   └── StoreBusy            SQLite's lock was taken that instant; nothing was done
     ├── IllegalTransition    a run cannot make that status change (store.transitions)
     ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
     ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.client)
@@ -43,7 +46,7 @@ alone: UnknownRequest, UnknownRun, UnknownBatch and UnknownAgent are 404;
 NotAnApprover 403; RequestClosed, CallAnswered, AlreadyVoted, BulkRefused,
 ConversationBusy and JobChanged 409;
 AnswerTooLarge and InputTooLarge 413; every other ResumeError, UnstorableInput and
-BadQuery 422.
+BadQuery 422; StoreUnavailable 503, with Retry-After.
 
 Control flow that is not a failure (a tool asking for approval) is data, not an
 exception: see `relayq.pending`.

@@ -19,7 +19,8 @@ def backoff(
     that many clients hit by one outage do not return in step; at least the
     server's `Retry-After`; at most MAX_DELAY.
     """
-    delay: float = min(cap, base * 2.0**attempt) * random.uniform(0.5, 1.0)
+    # The exponent stops growing long before the cap matters (2.0**1024 overflows).
+    delay: float = min(cap, base * 2.0 ** min(attempt, 64)) * random.uniform(0.5, 1.0)
     if retry_after is not None:
         delay = max(delay, retry_after)
     return min(delay, MAX_DELAY)

@@ -1,19 +1,25 @@
 """Batches: many runs of one agent, one per job, started together and followed as one.
 
-Starting a batch's jobs and recording which run does which job is one
+A batch starts in chunks (`CHUNK` jobs a transaction, a short pause between
+them on SQLite), so that no start holds the store's write lock for long: a
+start of 100,000 jobs must not stop the turns of every other run meanwhile.
+Each chunk starts its jobs and records which run does which job in one
 transaction, and a unique index holds one current run per (batch, job): a
-rerun, two racing starters, or a crash between starting and recording can
-never start a job twice. A rerun whose prompt for a job changed is refused,
-naming the job, unless asked to start it anew: then the old run is cancelled
-and marked replaced, and a new one takes the job.
+rerun, two racing starters, or a crash between chunks can never start a job
+twice, and a rerun after a crash starts only the jobs still missing. A rerun
+whose prompt for a job changed is refused, naming the job, before anything
+starts, unless asked to start it anew: then the old run is cancelled and
+marked replaced, and a new one takes the job.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, func
 from sqlalchemy.exc import IntegrityError
@@ -34,7 +40,7 @@ from store.models import (
     utcnow,
 )
 from store.outbox import TURN_QUEUE
-from store.runs import cancel_locked, insert_runs
+from store.runs import CHUNK, cancel_locked, chunked, insert_runs
 
 __all__ = [
     "BatchStatus",
@@ -91,6 +97,9 @@ class Started:
     outbox: list[OutboxRow] = field(default_factory=list)
 
 
+T = TypeVar("T")
+
+
 def start_batch(
     db: Database,
     *,
@@ -104,6 +113,8 @@ def start_batch(
     restart_changed: bool = False,
     budget: dict[str, Any] | None = None,
     run_budget: dict[str, Any] | None = None,
+    chunk: int = CHUNK,
+    on_chunk: Callable[[list[OutboxRow]], None] | None = None,
 ) -> Started:
     """Start the jobs (`(job id, prompt)`, in input order) of batch `batch_id` (a new
     batch if None or unknown) that have no run yet; the others keep theirs.
@@ -114,48 +125,80 @@ def start_batch(
     (the agent's, by default `relayq.turns`) when the batch is new (`store.batch_queues`).
     `budget` (`relayq.budgets.Budget` wire) is what all the batch's runs together may
     spend (a rerun's, if given, replaces it); `run_budget` what each run it starts may.
+
+    The jobs start `chunk` at a time, each chunk in a transaction of its own; after
+    each commits, `on_chunk` gets its first turns' messages to send (a start that
+    dies between chunks leaves the rest to a rerun with the same `batch_id`).
     """
     check_run_input(agent=agent, prompts=[prompt for _, prompt in jobs])
     ids = [job for job, _ in jobs]
     if len(set(ids)) != len(ids):
         raise ValueError("a batch names each job once")
+    if chunk < 1:
+        raise ValueError(f"a chunk holds at least one job, not {chunk}")
     batch_id = batch_id or new_id("batch")
+    plan = _retried(
+        partial(
+            _plan, db, agent, jobs, batch_id, started_by, options, queue, restart_changed, budget
+        )
+    )
+    current = dict(plan.current)
+    started: list[str] = []
+    outbox: list[OutboxRow] = []
+    for part in chunked(db, plan.todo, chunk):
+        runs, made, rows = _retried(
+            partial(_start_chunk, db, plan, part, tools_digest, started_by, run_budget)
+        )
+        current |= runs
+        started += made
+        outbox += rows
+        if on_chunk is not None and rows:
+            on_chunk(rows)
+    mapping = {job: current[job] for job in ids}
+    return Started(batch_id=batch_id, runs=mapping, started=started, outbox=outbox)
+
+
+def _retried(step: Callable[[], T]) -> T:
     for attempt in range(3):
         try:
-            return _start(
-                db,
-                agent,
-                jobs,
-                batch_id,
-                started_by,
-                options,
-                tools_digest,
-                queue,
-                restart_changed,
-                (budget, run_budget),
-            )
+            return step()
         except IntegrityError:
-            # Another starter of the same new batch won the race to create it (or a
-            # job's run): now the batch row exists and its lock puts us in line.
+            # Another starter of the same batch won the race to create it (or a job's
+            # run): now the batch row exists and its lock puts us in line.
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
 
 
-def _start(
+@dataclass(frozen=True)
+class _Plan:
+    """What a start will do, decided before any job starts."""
+
+    batch_id: str
+    agent: str
+    queue: str | None
+    """The batch's queue, where its runs' turns go."""
+    current: dict[str, str]
+    """Each job's run before the start, for the jobs that had one."""
+    changed: frozenset[str]
+    """Jobs started anew: their prompt changed, and the start was asked to."""
+    todo: list[tuple[int, str, str]]
+    """(place in the input, job, prompt) of each job to start, in input order."""
+
+
+def _plan(
     db: Database,
     agent: str,
     jobs: list[tuple[str, str]],
     batch_id: str,
     started_by: str | None,
     options: dict[str, Any] | None,
-    tools_digest: str | None,
     queue: str | None,
     restart_changed: bool,
-    budgets: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None),
-) -> Started:
-    budget, run_budget = budgets
-    ids = [job for job, _ in jobs]
+    budget: dict[str, Any] | None,
+) -> _Plan:
+    """The batch, made or checked (its agent, its new budget), and what the start will do;
+    JobChanged before anything starts."""
     now = utcnow()
     with db.write() as s:
         batch = s.get(BatchRow, batch_id, with_for_update=True)
@@ -174,39 +217,83 @@ def _start(
                 f"batch {batch_id} runs agent {batch.agent!r}, not {agent!r}; nothing was started"
             )
             raise JobChanged(batch_id, [], message)
-        if budget is not None:
-            batch.budget = budget
         current = _current_runs(s, batch_id)
         changed = [job for job, prompt in jobs if job in current and current[job][1] != prompt]
         if changed and not restart_changed:
             raise JobChanged(batch_id, changed)
+        if budget is not None:
+            batch.budget = budget
         todo = [
             (n, job, prompt)
             for n, (job, prompt) in enumerate(jobs)
             if job not in current or job in changed
         ]
+        # A rerun keeps the queue the batch started with (a batch older than batch
+        # queues has none: its runs go to their agent's).
+        return _Plan(
+            batch_id=batch_id,
+            agent=agent,
+            queue=batch.queue or queue,
+            current={job: run_id for job, (run_id, _) in current.items()},
+            changed=frozenset(changed),
+            todo=todo,
+        )
+
+
+def _start_chunk(
+    db: Database,
+    plan: _Plan,
+    part: Sequence[tuple[int, str, str]],
+    tools_digest: str | None,
+    started_by: str | None,
+    run_budget: dict[str, Any] | None,
+) -> tuple[dict[str, str], list[str], list[OutboxRow]]:
+    """Start one chunk's jobs in one transaction: those still without a current run, or
+    with the run the plan found and means to replace. Returns each of the chunk's jobs'
+    current run, the jobs started, and their first turns' messages."""
+    now = utcnow()
+    with db.write() as s:
+        batch = s.get(BatchRow, plan.batch_id, with_for_update=True)
+        assert batch is not None, "the plan made it"
+        # A racing starter, or this start's own try before a lost commit, may have
+        # started some already: they keep their run.
+        runs_now = _runs_of_jobs(s, plan.batch_id, [job for _, job, _ in part])
+        todo = [
+            (n, job, prompt)
+            for n, job, prompt in part
+            if job not in runs_now or (job in plan.changed and runs_now[job] == plan.current[job])
+        ]
         runs = [(new_id("run"), prompt) for _, _, prompt in todo]
         for (_, job, _), (run_id, _) in zip(todo, runs, strict=True):
-            if job in changed:
-                _replace(s, current[job][0], run_id, now)
+            if job in runs_now:
+                _replace(s, runs_now[job], run_id, now)
         s.flush()
         outbox = insert_runs(
             s.connection(),
-            agent=agent,
+            agent=plan.agent,
             runs=runs,
             tools_digest=tools_digest,
-            # A rerun keeps the queue the batch started with (a batch older than
-            # batch queues has none: its runs go to their agent's).
-            queue=batch.queue or queue,
+            queue=plan.queue,
             started_by=started_by,
-            batch_id=batch_id,
+            batch_id=plan.batch_id,
             jobs=[(n, job) for n, job, _ in todo],
             budget=run_budget,
         )
-        batch.jobs = len(set(current) | set(ids))
-        started = {job: run_id for (_, job, _), (run_id, _) in zip(todo, runs, strict=True)}
-    mapping = {job: started.get(job) or current[job][0] for job in ids}
-    return Started(batch_id=batch_id, runs=mapping, started=list(started), outbox=outbox)
+        batch.jobs += sum(1 for _, job, _ in todo if job not in runs_now)
+    made = {job: run_id for (_, job, _), (run_id, _) in zip(todo, runs, strict=True)}
+    return runs_now | made, list(made), outbox
+
+
+def _runs_of_jobs(s: Session, batch_id: str, jobs: Iterable[str]) -> dict[str, str]:
+    """The current run of each of these jobs that has one."""
+    rows = s.exec(
+        select(RunRow.job_id, RunRow.id).where(
+            RunRow.batch_id == batch_id,
+            col(RunRow.job_id).in_(list(jobs)),
+            col(RunRow.replaced_by).is_(None),
+        )
+    ).all()
+    return {str(job): run_id for job, run_id in rows}
 
 
 def _current_runs(s: Session, batch_id: str) -> dict[str, tuple[str, str]]:

@@ -2,24 +2,107 @@
 
 SQLite takes its write lock at BEGIN for write transactions (`BEGIN
 IMMEDIATE`): a transaction that reads, then writes, would otherwise fail with
-"database is locked" when two processes upgrade their locks at once.
+"database is locked" when two processes upgrade their locks at once. A writer
+waits for the lock up to the busy timeout (`RELAYQ_SQLITE_BUSY_TIMEOUT`, 30 s).
+
+Every way into the store (`write`, `transaction`, `read`, `snapshot`,
+`connect`) turns an error that a later try may not meet (the server down or
+restarting, a dropped connection, SQLite's lock held past the busy timeout, a
+serialization failure) into one `StoreUnavailable`, naming the store without
+its password and the SQL never. Any other error passes unchanged.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlmodel import Session, create_engine
 
-__all__ = ["Database", "default_database_url"]
+from store.errors import StoreBusy, StoreUnavailable
+
+__all__ = ["Database", "StoreBusy", "default_database_url", "impatient", "unavailable"]
 
 _WRITE = "relayq_write"
+_IMPATIENT = "relayq_impatient"
+BUSY_TIMEOUT_ENV = "RELAYQ_SQLITE_BUSY_TIMEOUT"
+
+_impatient: ContextVar[bool] = ContextVar("relayq_impatient", default=False)
+
+
+@contextmanager
+def impatient() -> Iterator[None]:
+    """While open, the first write transaction on SQLite takes the lock only if it is free
+    now, else fails at once with StoreUnavailable (nothing done): a caller on an event loop
+    then waits for it elsewhere (`tasks.runtime.Runtime.io`) instead of blocking the loop.
+
+    Only the first: a store call whose first write went through may have committed it, and
+    is not cut short after that.
+    """
+    token = _impatient.set(True)
+    try:
+        yield
+    finally:
+        _impatient.reset(token)
+
+
+def _busy_timeout() -> float:
+    raw = os.environ.get(BUSY_TIMEOUT_ENV) or "30"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ValueError(f"{BUSY_TIMEOUT_ENV} must be a number of seconds, not {raw!r}") from None
+    if seconds < 0:
+        raise ValueError(f"{BUSY_TIMEOUT_ENV} must be 0 seconds or more, not {raw!r}")
+    return seconds
+
+
+# SQLSTATEs a later try may not meet: connection exceptions (08), the server shutting
+# down, crashed or starting (57P0x), too many connections, and lost transaction races.
+_TRANSIENT_STATES = {
+    "57P01": "the server is shutting down",
+    "57P02": "the server crashed",
+    "57P03": "the server is starting or stopping",
+    "53300": "too many connections",
+    "40001": "a serialization failure",
+    "40P01": "a deadlock",
+}
+
+
+def unavailable(exc: BaseException, address: str) -> StoreUnavailable | None:
+    """`exc` as a StoreUnavailable when trying again later may succeed, else None."""
+    if isinstance(exc, PoolTimeout):
+        return StoreUnavailable(address, "no connection free in the pool")
+    if not isinstance(exc, DBAPIError):
+        return None
+    orig = exc.orig
+    if isinstance(orig, sqlite3.OperationalError):
+        text = str(orig)
+        if "locked" in text or "busy" in text:
+            return StoreUnavailable(address, "the database file is locked")
+        return None
+    state = getattr(orig, "sqlstate", None)
+    if isinstance(state, str):
+        if state.startswith("08"):
+            return StoreUnavailable(address, "the connection failed")
+        reason = _TRANSIENT_STATES.get(state)
+        return None if reason is None else StoreUnavailable(address, reason)
+    if exc.connection_invalidated:
+        return StoreUnavailable(address, "the connection was lost")
+    if type(orig).__name__ == "OperationalError":
+        # The driver's own failure to reach the server: no SQLSTATE, no server reply.
+        refused = "refused" in str(orig).lower()
+        return StoreUnavailable(address, "connection refused" if refused else "no connection")
+    return None
 
 
 def default_database_url() -> str:
@@ -31,17 +114,18 @@ def default_database_url() -> str:
     return f"sqlite:///{home / 'relayq.db'}"
 
 
-def _sqlite_engine(url: str) -> Engine:
+def _sqlite_engine(url: str, busy_timeout: float) -> Engine:
     path = make_url(url).database
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
         url,
-        connect_args={"timeout": 30, "check_same_thread": False},
+        connect_args={"timeout": busy_timeout, "check_same_thread": False},
         hide_parameters=True,
         pool_size=24,
         max_overflow=16,
     )
+    wait_ms = int(busy_timeout * 1000)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -50,14 +134,25 @@ def _sqlite_engine(url: str) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={wait_ms}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        immediate = conn.get_execution_options().get(_WRITE)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        options = conn.get_execution_options()
+        if not options.get(_WRITE):
+            conn.exec_driver_sql("BEGIN")
+        elif options.get(_IMPATIENT):
+            # Straight on the driver's connection: no statement of the store's own.
+            raw = conn.connection.dbapi_connection
+            raw.execute("PRAGMA busy_timeout=0")
+            try:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            finally:
+                raw.execute(f"PRAGMA busy_timeout={wait_ms}")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 
@@ -67,8 +162,15 @@ class Database:
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or default_database_url()
+        self.address = make_url(self.url).render_as_string(hide_password=True)
+        """The store's URL without its password: what errors and logs name."""
+        self._impatient_writer: Engine | None = None
         if self.url.startswith("sqlite"):
-            self.engine = _sqlite_engine(self.url)
+            self.engine = _sqlite_engine(self.url, _busy_timeout())
+            # Writers that take SQLite's lock only if it is free now (`impatient`).
+            self._impatient_writer = self.engine.execution_options(
+                **{_WRITE: True, _IMPATIENT: True}
+            )
         else:
             # Enough pooled connections for every I/O thread of a worker: a
             # connection opened beyond the pool is closed again after one use.
@@ -93,29 +195,61 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction, committed on exit, rolled back on an exception."""
-        with Session(self._writer, expire_on_commit=False) as session, session.begin():
+        engine = self._write_engine()
+        with (
+            self.reachable(busy=engine is self._impatient_writer),
+            Session(engine, expire_on_commit=False) as session,
+            session.begin(),
+        ):
             yield session
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with Session(self.engine, expire_on_commit=False) as session:
+        with self.reachable(), Session(self.engine, expire_on_commit=False) as session:
             yield session
 
     @contextmanager
     def snapshot(self) -> Iterator[Session]:
         """A read whose statements all see the same data: a page and its total agree."""
-        with Session(self._snapshot, expire_on_commit=False) as session:
+        with self.reachable(), Session(self._snapshot, expire_on_commit=False) as session:
             yield session
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A write transaction on a bare connection: for the statements every turn runs,
         where an ORM session would cost more than the SQL."""
-        with self._writer.begin() as conn:
+        engine = self._write_engine()
+        with self.reachable(busy=engine is self._impatient_writer), engine.begin() as conn:
             yield conn
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        """A bare connection for reads, outside any write transaction."""
+        with self.reachable(), self.engine.connect() as conn:
+            yield conn
+
+    @contextmanager
+    def reachable(self, *, busy: bool = False) -> Iterator[None]:
+        """Turn an error a later try may not meet into StoreUnavailable (see the module);
+        `busy`: in an impatient call's first write, where it is StoreBusy (nothing done)."""
+        try:
+            yield
+        except (DBAPIError, PoolTimeout) as exc:
+            error = unavailable(exc, self.address)
+            if error is None:
+                raise
+            if busy:
+                raise StoreBusy(error.address, error.reason, error.retry_after) from None
+            raise error from None
+
+    def _write_engine(self) -> Engine:
+        if self._impatient_writer is not None and _impatient.get():
+            _impatient.set(False)  # the call's first write only: see `impatient`
+            return self._impatient_writer
+        return self._writer
 
     def dispose(self) -> None:
         self.engine.dispose()
 
     def __repr__(self) -> str:
-        return f"Database({make_url(self.url).render_as_string(hide_password=True)!r})"
+        return f"Database({self.address!r})"

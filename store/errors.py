@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from relayq import RelayqError
 
-__all__ = ["StaleClaim", "UnknownRun"]
+__all__ = ["StaleClaim", "StoreBusy", "StoreUnavailable", "UnknownRun"]
 
 
 class UnknownRun(RelayqError):
@@ -28,3 +28,29 @@ class StaleClaim(RelayqError):
 
     def __str__(self) -> str:
         return f"run {self.run_id} moved past version {self.version}; this turn lost its claim"
+
+
+class StoreUnavailable(RelayqError):
+    """The store could not be reached or could not take the call now; trying again later may
+    succeed: its server is down or restarting, the connection dropped, SQLite's file stayed
+    locked past the busy timeout, or a transaction lost a serialization race.
+
+    `address` is the store's URL without its password; `reason` a few words of what
+    happened (never the SQL or its parameters); `retry_after` the seconds worth waiting.
+    Whatever the call was doing was rolled back, unless the connection dropped while it
+    committed: a store call is written so that doing it again is safe.
+    """
+
+    def __init__(self, address: str, reason: str, retry_after: float = 1.0) -> None:
+        super().__init__(address, reason, retry_after)
+        self.address = address
+        self.reason = reason
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"the store at {self.address} is unavailable ({self.reason}); try again shortly"
+
+
+class StoreBusy(StoreUnavailable):
+    """SQLite's write lock was taken by another process at that instant, and the call
+    asked not to wait for it (`store.db.impatient`): nothing was done."""

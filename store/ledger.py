@@ -69,7 +69,7 @@ def ledger_values(
 def ledger_get(
     db: Database, run_id: str, at: int, call_id: str, attempt: str
 ) -> ToolResult | Request | None:
-    with db.engine.connect() as conn:
+    with db.connect() as conn:
         outcome = conn.execute(
             sql.LEDGER_OUTCOME,
             {"rid": run_id, "at": at, "cid": storable_text(call_id), "attempt": attempt},

@@ -6,7 +6,12 @@ Each sweep, from the store alone (it is the source of truth):
   the reminders that are due;
 - re-queues `running` runs whose worker died (its heartbeat stopped, or on
   this host its process is gone), or, for claims no worker stands behind,
-  whose lease lapsed;
+  whose lease lapsed; a stale heartbeat counts only while the sweeper's own
+  beats have been steady (`heartbeats_steady`: after the store was down or
+  locked, every worker's beat is stale, and none of them is dead for it);
+- re-queues the sweeping worker's own claims that none of its tasks holds
+  (`working`): a task that ended on an error without giving its run back;
+  never one of its claims that a task still works on;
 - sends again what was committed but never sent (a process died between
   commit and publish);
 - sends again what was sent but lost: the turn of a run still queued at that
@@ -18,7 +23,7 @@ Each sweep, from the store alone (it is the source of truth):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -63,6 +68,8 @@ class SweepReport:
     """Messages to send now."""
     requeued: list[str] = field(default_factory=list)
     """Runs whose worker died."""
+    freed: list[str] = field(default_factory=list)
+    """Runs claimed by the sweeping worker that none of its tasks held."""
     resent: list[str] = field(default_factory=list)
     """Queued runs whose turn message was lost."""
     reapplied: list[str] = field(default_factory=list)
@@ -73,22 +80,47 @@ class SweepReport:
     """Requests whose reminder went out."""
 
 
+def _always() -> bool:
+    return True
+
+
+def _nothing() -> Collection[str]:
+    return ()
+
+
 def sweep(
     db: Database,
     *,
     now: datetime | None = None,
     recovery: Recovery = Recovery(),
     waiting: Mapping[str, datetime | None] | None = None,
+    worker: str | None = None,
+    working: Callable[[], Collection[str]] = _nothing,
+    heartbeats_steady: Callable[[], bool] = _always,
 ) -> SweepReport:
     """One sweep. `waiting` maps a queue to when the oldest message still in it was
     sent (None: the queue is empty); a queue left out is not looked at for lost
-    messages, since whether they wait there is unknown."""
+    messages, since whether they wait there is unknown.
+
+    `worker` is the sweeping worker: its claims are never taken for a dead worker's,
+    and those of them on no run of `working()` (read once the runs are locked) are
+    freed. `heartbeats_steady()`, asked once the store's lock is held, says whether a
+    stale heartbeat may count as a death now.
+    """
     moment = now or utcnow()
     report = SweepReport()
     expired, report.expired = expire_and_count(db, now=moment)
     report.reminded = remind_due(db, now=moment)
     with db.write() as s:
-        _requeue_abandoned(s, report, moment, recovery.worker_timeout)
+        _requeue_abandoned(
+            s,
+            report,
+            moment,
+            recovery.worker_timeout,
+            worker=worker,
+            working=working,
+            heartbeats_steady=heartbeats_steady,
+        )
         if waiting is not None:
             lost_before = {
                 queue: min(moment - recovery.redeliver_after, oldest or moment)
@@ -111,22 +143,46 @@ def sweep(
 
 
 def _requeue_abandoned(
-    s: Session, report: SweepReport, now: datetime, worker_timeout: timedelta
+    s: Session,
+    report: SweepReport,
+    now: datetime,
+    worker_timeout: timedelta,
+    *,
+    worker: str | None,
+    working: Callable[[], Collection[str]],
+    heartbeats_steady: Callable[[], bool],
 ) -> None:
-    live = live_workers(s, now=now, timeout=worker_timeout)
     # Locked, skipping rows a turn holds right now: one that is writing is not dead.
     candidates = s.exec(
         select(RunRow).where(RunRow.status == "running").with_for_update(skip_locked=True)
     ).all()
+    if not candidates:
+        return
+    # Asked with the runs locked: a claim made before is counted, a turn ending now waits.
+    held = working() if worker is not None else ()
+    timeout = worker_timeout if heartbeats_steady() else None
+    live = live_workers(s, now=now, timeout=timeout)
     for run in candidates:
-        if run.worker in live:
+        if run.worker is not None and run.worker == worker:
+            if run.id in held:
+                continue
+            # Ours, and no task of ours holds it: given back, no try or crash counted.
+            move(s, run, "queued", now=now)
+            report.freed.append(run.id)
+        elif _abandoned(run, live, now):
+            # Its worker died holding it: that try counts.
+            move(s, run, "queued", now=now, crashes=ONE_MORE_CRASH)
+            report.requeued.append(run.id)
+        else:
             continue
-        if run.worker is None and (run.lease_until is None or run.lease_until >= now):
-            continue
-        # Its worker died holding it: that try counts.
-        move(s, run, "queued", now=now, crashes=ONE_MORE_CRASH)
-        report.requeued.append(run.id)
         report.outbox.append(enqueue_turn(s, run.id, run.version, label=label_of(run)))
+
+
+def _abandoned(run: RunRow, live: Collection[str], now: datetime) -> bool:
+    """Held by a worker no longer alive, or, a claim with no worker, past its lease."""
+    if run.worker is not None:
+        return run.worker not in live
+    return run.lease_until is not None and run.lease_until < now
 
 
 def _latest_rows(s: Session, task: str, run_ids: list[str]) -> dict[str, OutboxRow]:

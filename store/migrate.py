@@ -58,5 +58,5 @@ def migrate(db: Database) -> None:
     """Upgrade the schema to the newest revision (a no-op when it is there already)."""
     # Alembic says at INFO what it is about to do, in every process, every time.
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    with _migration_lock(db):
+    with db.reachable(), _migration_lock(db):
         command.upgrade(alembic_config(db), "head")

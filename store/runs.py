@@ -1,4 +1,4 @@
-"""Runs: created (one, or many in one transaction) and cancelled.
+"""Runs: created (one, or many in chunks of `CHUNK` a transaction) and cancelled.
 
 A run's status only ever changes through `store.transitions`; its turns are
 in `store.turns`, its answers in `store.answers`.
@@ -6,8 +6,10 @@ in `store.turns`, its answers in `store.answers`.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 from sqlmodel import Session, col, select
@@ -26,13 +28,35 @@ from store.requests import cancel_requests
 from store.transitions import move
 
 __all__ = [
+    "CHUNK",
     "cancel_locked",
     "cancel_run",
     "create_run",
+    "chunked",
     "create_runs",
     "fail_locked",
     "label_of",
 ]
+
+T = TypeVar("T")
+
+CHUNK = 1000
+"""Runs started in one transaction: a few hundred milliseconds of SQLite's write lock at
+most, so a start of 100,000 never stops every other run's turns for long."""
+CHUNK_PAUSE = 0.05
+"""Seconds between two chunks on SQLite, so the writers waiting on its lock get it first
+(SQLite queues no one: a waiter polls, and a starter taking the lock straight back would
+keep it for the whole start)."""
+
+
+def chunked(db: Database, items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
+    """`items`, `size` at a time, with a pause between two on SQLite (`CHUNK_PAUSE`)."""
+    if size < 1:
+        raise ValueError(f"a chunk holds at least one, not {size}")
+    for n in range(0, len(items), size):
+        if n and db.is_sqlite:
+            time.sleep(CHUNK_PAUSE)
+        yield items[n : n + size]
 
 
 def label_of(run: RunRow) -> str:
@@ -111,24 +135,32 @@ def create_runs(
     job_ids: list[str] | None = None,
     budget: dict[str, Any] | None = None,
 ) -> list[OutboxRow]:
-    """Many queued runs, each a new conversation, in one transaction: `runs` is (id, prompt);
-    `job_ids`, if given, one per run (the jobs of batch `batch_id`)."""
+    """Many queued runs, each a new conversation: `runs` is (id, prompt); `job_ids`, if
+    given, one per run (the jobs of batch `batch_id`).
+
+    Every prompt is checked before anything is written; the runs are then written
+    `CHUNK` to a transaction. A caller that dies between two leaves the chunks it
+    wrote: a batch (`store.batches.start_batch`) is what starts each job exactly once.
+    """
     check_run_input(agent=agent, prompts=[prompt for _, prompt in runs])
     if job_ids is not None and len(job_ids) != len(runs):
         raise ValueError(f"{len(job_ids)} job ids for {len(runs)} runs")
-    jobs = None if job_ids is None else list(enumerate(job_ids))
-    with db.transaction() as conn:
-        return insert_runs(
-            conn,
-            agent=agent,
-            runs=runs,
-            tools_digest=tools_digest,
-            queue=queue,
-            started_by=started_by,
-            batch_id=batch_id,
-            jobs=jobs,
-            budget=budget,
-        )
+    placed = list(enumerate(job_ids)) if job_ids is not None else None
+    outbox: list[OutboxRow] = []
+    for part in chunked(db, range(len(runs))):
+        with db.transaction() as conn:
+            outbox += insert_runs(
+                conn,
+                agent=agent,
+                runs=[runs[n] for n in part],
+                tools_digest=tools_digest,
+                queue=queue,
+                started_by=started_by,
+                batch_id=batch_id,
+                jobs=None if placed is None else [placed[n] for n in part],
+                budget=budget,
+            )
+    return outbox
 
 
 def insert_runs(

@@ -9,7 +9,7 @@ so a turn that lost its run writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -85,13 +85,16 @@ def claim_turn(
     worker: str | None = None,
     worker_timeout: timedelta = WORKER_TIMEOUT,
     kept: list[dict[str, Any]] | None = None,
+    heartbeats_steady: Callable[[], bool] = lambda: True,
 ) -> Claim | None:
     """Take the run for one turn, or None if this message is stale or a duplicate.
 
     A claim made by `worker` lasts while that worker's heartbeat does; one
     made with no worker lasts `lease`. `kept` is the transcript this process
     left the run with at `version`: a claim at that version proves nothing has
-    changed it since, so it is not read again.
+    changed it since, so it is not read again. A redelivered message takes its
+    run over from a worker whose heartbeat is stale only while
+    `heartbeats_steady()` (see `store.maintenance`).
     """
     now = utcnow()
     until = None if worker is not None else now + lease
@@ -123,7 +126,12 @@ def claim_turn(
             run.status == "running"
             and task_id is not None
             and run.claimed_by == task_id
-            and not holder_alive(s, run, now=now, timeout=worker_timeout)
+            # A worker never takes over its own claim: the task it gave that claim to
+            # still runs, or its sweeper frees the run.
+            and (worker is None or run.worker != worker)
+            and not holder_alive(
+                s, run, now=now, timeout=worker_timeout if heartbeats_steady() else None
+            )
         )
         if not (fresh or taken_over):
             return None

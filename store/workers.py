@@ -88,27 +88,33 @@ def _process_gone(pid: int) -> bool:
     return False
 
 
-def _alive(row: WorkerRow | None, *, now: datetime, timeout: timedelta) -> bool:
-    if row is None or row.heartbeat_at < now - timeout:
+def _alive(row: WorkerRow | None, *, now: datetime, timeout: timedelta | None) -> bool:
+    if row is None or (timeout is not None and row.heartbeat_at < now - timeout):
         return False
     # On this very host a dead process is certain at once, not a timeout later.
     return not (row.hostname == HOSTNAME and row.pid != os.getpid() and _process_gone(row.pid))
 
 
-def holder_alive(s: Session, run: RunRow, *, now: datetime, timeout: timedelta) -> bool:
+def holder_alive(s: Session, run: RunRow, *, now: datetime, timeout: timedelta | None) -> bool:
     """Whether the worker holding `run`'s claim may still be working on it.
 
     A claim with no worker behind it (made outside a worker) is held by nobody
-    a redelivery could wait for.
+    a redelivery could wait for. `timeout` None: a stale heartbeat proves nothing now.
     """
     if run.worker is None:
         return False
     return _alive(s.get(WorkerRow, run.worker), now=now, timeout=timeout)
 
 
-def live_workers(s: Session, *, now: datetime, timeout: timedelta) -> set[str]:
-    """The ids of workers alive now: fresh heartbeats, and on this host a process to match."""
-    rows: Iterable[WorkerRow] = s.exec(
-        select(WorkerRow).where(col(WorkerRow.heartbeat_at) >= now - timeout)
-    )
+def live_workers(s: Session, *, now: datetime, timeout: timedelta | None) -> set[str]:
+    """The ids of workers alive now: fresh heartbeats, and on this host a process to match.
+
+    `timeout` None: a stale heartbeat proves nothing now (the store was down or locked,
+    so no worker could beat); every worker still registered counts as alive, but for a
+    process gone from this host.
+    """
+    query = select(WorkerRow)
+    if timeout is not None:
+        query = query.where(col(WorkerRow.heartbeat_at) >= now - timeout)
+    rows: Iterable[WorkerRow] = s.exec(query)
     return {row.id for row in rows if _alive(row, now=now, timeout=timeout)}

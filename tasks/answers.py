@@ -14,7 +14,9 @@ __all__ = ["apply_answer", "submit_answer"]
 
 async def apply_answer(rt: Runtime, request_id: str) -> str:
     async with resumed(rt, request_id):  # traced, when tracing is on (`tasks.tracing`)
-        outbox = await rt.io(apply_answer_of, rt.db, request_id)
+        # Until the store answers: applying again is safe (an applied answer is skipped),
+        # and the message must not be acknowledged with the answer left unapplied.
+        outbox = await rt.patiently(apply_answer_of, rt.db, request_id)
         await rt.publish(outbox)
     return "resumed" if outbox else "skipped: already applied or run not pending"
 

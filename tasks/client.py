@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
 import time
@@ -45,6 +44,7 @@ from store import (
     RunRow,
     Started,
     StoredRequest,
+    StoreUnavailable,
     accept_answer,
     accept_many,
     all_requests,
@@ -67,6 +67,7 @@ from tasks import tracing
 from tasks.broker import redis_url
 from tasks.publish import batches_changed, send, sender_app
 from tasks.settings import Settings
+from tasks.storeio import StoreCalls
 from tasks.waiting import RunWaiter, WaitTimeout
 
 if TYPE_CHECKING:
@@ -162,8 +163,9 @@ class DurableClient:
         self._unmarked: list[OutboxRow] = []
         self._marker: asyncio.Task[None] | None = None
         self.inline_store = self.db.is_sqlite
-        """Store calls run on the event loop (SQLite), not on a thread."""
+        """Store calls run on the event loop (SQLite) while its lock is free."""
         self._threads: ThreadPoolExecutor | None = None
+        self._store = StoreCalls(inline=self.inline_store, executor=self._client_threads)
 
     @property
     def app(self) -> Celery:
@@ -172,20 +174,17 @@ class DurableClient:
             raise RuntimeError("an eager DurableClient sends no messages and has no Celery app")
         return self._app
 
-    async def _io(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """A store call: inline for SQLite, on a thread for a database server.
-
-        SQLite's calls wait on no network; on a thread each would only add two
-        GIL handoffs. A server's round trips must not stall the caller's loop.
-        """
-        if self.inline_store:
-            return fn(*args, **kwargs)
+    def _client_threads(self) -> ThreadPoolExecutor:
         if self._threads is None:
             # The client's own threads: `close` waits for a call still on one (a waiter's
             # read, a mark) before it closes the store's connections.
             self._threads = ThreadPoolExecutor(8, thread_name_prefix="relayq-client")
-        call = functools.partial(fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, call)
+        return self._threads
+
+    async def _io(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """A store call: inline for SQLite while its lock is free, else on a thread
+        (`tasks.storeio`)."""
+        return await self._store(fn, *args, **kwargs)
 
     async def _publish(self, rows: Iterable[OutboxRow]) -> int:
         """Send the messages a change wrote; in eager mode, run them here and now. Returns
@@ -279,17 +278,19 @@ class DurableClient:
         job_ids: list[str] | None = None,
         budget: Budget | None = None,
     ) -> list[str]:
-        """Queue one run per prompt, in one transaction; returns their ids in order.
-        `job_ids` (one per prompt) and `batch_id` record which batch's jobs they are;
-        `budget` is what each run may spend.
+        """Queue one run per prompt; returns their ids in order. `job_ids` (one per
+        prompt) and `batch_id` record which batch's jobs they are; `budget` is what each
+        run may spend.
 
-        For batch jobs: far faster than `start` in a loop. One prompt the store
-        cannot keep refuses the whole batch (UnstorableInput), nothing written.
+        For many runs: far faster than `start` in a loop. One prompt the store cannot
+        keep refuses them all (UnstorableInput), nothing written. They are written a
+        chunk at a time (`store.runs.CHUNK`), so a long start never holds SQLite's lock
+        for long; for each job started exactly once across crashes, use `start_batch`.
         """
         name, digest, queue = await self._agent(agent)
         check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
         runs = [(new_id("run"), prompt) for prompt in prompts]
-        rows = await self._io(
+        rows = await self._store.offload(
             create_runs,
             self.db,
             agent=name,
@@ -317,7 +318,8 @@ class DurableClient:
         run_budget: Budget | None = None,
     ) -> Started:
         """Start the jobs (`(job id, prompt)`, in input order) of a batch that have no run
-        yet, in one transaction: a rerun starts only what is missing, never a job twice.
+        yet, a chunk at a time, each chunk's messages sent as it commits: a rerun (after
+        a crash between chunks, say) starts only what is missing, never a job twice.
 
         Returns every job's run. JobChanged, starting nothing, for a job whose prompt
         changed since its run started (unless `restart_changed`: the old run is
@@ -328,7 +330,16 @@ class DurableClient:
         name, digest, queue = await self._agent(agent)
         prompts = [prompt for _, prompt in jobs]
         check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
-        started = await self._io(
+        loop = asyncio.get_running_loop()
+        went = 0
+
+        def send_chunk(rows: list[OutboxRow]) -> None:
+            # On the store call's thread, as each chunk commits: its runs start at once.
+            nonlocal went
+            went += asyncio.run_coroutine_threadsafe(self._publish(rows), loop).result()
+
+        # On a thread whatever the store: a start of many chunks takes seconds.
+        started = await self._store.offload(
             start_batch,
             self.db,
             agent=name,
@@ -341,8 +352,9 @@ class DurableClient:
             restart_changed=restart_changed,
             budget=None if budget is None else budget.to_wire(),
             run_budget=None if run_budget is None else run_budget.to_wire(),
+            on_chunk=send_chunk,
         )
-        if await self._publish(started.outbox):
+        if went:
             # Not when nothing went: a broker that is down would only be waited for again.
             await asyncio.to_thread(batches_changed, self.app)
         return started
@@ -389,8 +401,12 @@ class DurableClient:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.01
+        status = "unknown"
         while True:
-            status, done = await self._io(settled, self.db, run_id)
+            try:
+                status, done = await self._io(settled, self.db, run_id)
+            except StoreUnavailable:
+                done = False  # an outage ends no wait (as for a pushed one: `tasks.waiting`)
             if done:
                 return
             if deadline is not None and time.monotonic() >= deadline:

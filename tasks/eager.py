@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 
 from relayq.agents import Agent, registered_agents
-from store import Database, OutboxRow, beat, forget_worker
+from store import Database, OutboxRow, forget_worker
 from store.outbox import ANSWER_TASK, TURN_TASK, mark_published
-from store.workers import HOSTNAME
 from tasks.answers import apply_answer
 from tasks.runtime import Runtime
 from tasks.settings import Settings
@@ -68,6 +66,8 @@ class EagerRuntime(Runtime):
         self._known = _Agents()
         super().__init__(settings, db=db, agents=self._known)
         self._beating = False
+        self._going = 0
+        """Messages being run here now, from however many callers."""
 
     def adopt(self, agent: Agent) -> None:
         """Serve `agent` under its name, registered or not (an `Agent(..., register=False)`)."""
@@ -88,9 +88,10 @@ class EagerRuntime(Runtime):
     async def _run_all(self, rows: list[OutboxRow]) -> None:
         queue = deque(rows)
         token = _running.set(queue)
-        heart = asyncio.create_task(self._beat_while_running())
+        self._going += 1
         try:
-            await self.io(beat, self.db, self.worker_id, hostname=HOSTNAME, pid=os.getpid())
+            # The heartbeat's thread, as a worker's (`tasks.heartbeat`), while turns run.
+            await self.io(self.heartbeat.start)
             self._beating = True
             while queue:
                 row = queue.popleft()
@@ -98,7 +99,9 @@ class EagerRuntime(Runtime):
                     await asyncio.sleep(row.countdown)
                 await self._run(row)
         finally:
-            heart.cancel()
+            self._going -= 1
+            if not self._going:
+                self.heartbeat.stop()
             _running.reset(token)
 
     async def _run(self, row: OutboxRow) -> None:
@@ -112,14 +115,6 @@ class EagerRuntime(Runtime):
             await apply_answer(self, str(row.args[0]))
         else:
             raise ValueError(f"eager mode cannot run a {row.task} message")
-
-    async def _beat_while_running(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_every)
-            try:
-                await self.io(beat, self.db, self.worker_id, hostname=HOSTNAME, pid=os.getpid())
-            except Exception as exc:  # the next beat tries again
-                log.warning("could not write the heartbeat: %s", type(exc).__name__)
 
     def close(self) -> None:
         """Sign off, so nothing waits on this process's heartbeat."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
+from store import StoreUnavailable
 from store import cancel_run as cancel_stored_run
 from store.outbox import CANCEL_TASK, MAINTENANCE_QUEUE, SWEEP_TASK
 from tasks.runtime import Runtime
@@ -12,16 +13,21 @@ __all__ = ["cancel_run", "sweep"]
 
 
 async def _sweep(rt: Runtime) -> str:
-    report = await rt.sweep()
+    try:
+        report = await rt.sweep()
+    except StoreUnavailable as exc:
+        # Beat sends the next within seconds (and every worker sweeps on its own).
+        return f"skipped: {exc}"
     return (
         f"sent {len(report.outbox)}, requeued {len(report.requeued)}, "
-        f"resent {len(report.resent)}, reapplied {len(report.reapplied)}, "
-        f"expired {report.expired}"
+        f"freed {len(report.freed)}, resent {len(report.resent)}, "
+        f"reapplied {len(report.reapplied)}, expired {report.expired}"
     )
 
 
 async def _cancel(rt: Runtime, run_id: str) -> str:
-    return await rt.io(cancel_stored_run, rt.db, run_id)
+    # Until the store answers: a cancel asked for is not dropped with its message.
+    return await rt.patiently(cancel_stored_run, rt.db, run_id)
 
 
 @shared_task(name=SWEEP_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)

@@ -2,9 +2,11 @@
 
 Turns are coroutines (`relayq.loop.take_turn`) on one event loop per process,
 so hundreds of model calls wait at once without a thread each. The store's
-calls are blocking: on SQLite they run inline (each takes a fraction of a
-millisecond, waiting at most on another process's commit), on PostgreSQL in a
-thread pool.
+calls are blocking: on SQLite they run inline when its write lock is free
+(each takes a fraction of a millisecond), and on an I/O thread when another
+process holds it; on PostgreSQL always in a thread pool. Nothing that waits
+on the store waits on the loop: not the heartbeat (`tasks.heartbeat`), not a
+store call stuck behind a long transaction.
 A task body waits for its coroutine (`Runtime.wait`): under a classic pool
 it runs it on the loop; under the asyncio pool (`workers.aio`) it hands it
 to the pool and sleeps in its greenlet until the pool wakes it with the outcome.
@@ -19,7 +21,9 @@ import logging
 import os
 import random
 import threading
+import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,20 +33,30 @@ from typing import Any, ParamSpec, TypeVar
 from celery import Celery, current_app
 from greenlet import getcurrent  # type: ignore[import-untyped]
 
+from relayq._retry import backoff
 from relayq.agents import Agent, UnknownAgent, load_agents, registered_agents
-from store import Database, OutboxRow, beat, forget_worker, migrate, sweep
+from store import (
+    Database,
+    OutboxRow,
+    StoreUnavailable,
+    forget_worker,
+    migrate,
+    sweep,
+)
 from store.batch_queues import active_batch_queues
 from store.maintenance import SweepReport
 from store.outbox import ANSWER_QUEUE, TURN_QUEUE, mark_published, sent_at
 from store.workers import HOSTNAME
 from tasks.broker import QueuePeek
+from tasks.heartbeat import Heartbeat
 from tasks.outgoing import Outgoing
 from tasks.publish import send, sender_app
 from tasks.settings import Settings
+from tasks.storeio import StoreCalls
 from tasks.transcripts import Transcripts
 from tasks.webhooks import WebhookSender
 
-__all__ = ["LoopThread", "Runtime", "defer", "deferring"]
+__all__ = ["LoopThread", "Runtime", "Working", "defer", "deferring"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -107,6 +121,40 @@ class LoopThread:
             raise
 
 
+class Working:
+    """The runs a task of this process is claiming or holding right now, counted per run
+    (a duplicate message of a run may be in hand beside the one that holds it).
+
+    Entered before the claim is asked for, left after the turn's last write: a claim
+    of this process on a run not in here is held by no task, and the sweeper frees it.
+    """
+
+    def __init__(self) -> None:
+        self._runs: Counter[str] = Counter()
+        self._lock = threading.Lock()  # the sweeper reads it from an I/O thread
+
+    @contextmanager
+    def on(self, run_id: str) -> Iterator[None]:
+        with self._lock:
+            self._runs[run_id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs[run_id] -= 1
+                if self._runs[run_id] <= 0:
+                    del self._runs[run_id]
+
+    def runs(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._runs)
+
+
+STORE_RETRY_MAX = 2.0
+"""Seconds between tries of a store call that met an outage, at most: a run moves on
+within that of the store's return."""
+
+
 class Runtime:
     """The process's store, agents, loop and sender; built once per process."""
 
@@ -131,19 +179,27 @@ class Runtime:
         self.agents: Mapping[str, Agent] = agents if agents is not None else registered_agents()
         self._loop: LoopThread | None = None
         self.inline_store = self.db.is_sqlite
+        self._store = StoreCalls(inline=self.inline_store, executor=lambda: None)
         self.app: Celery | None = None
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
         self._sent: list[OutboxRow] = []
         self._outgoing: Outgoing | None = None
-        self.holding: dict[str, int] = {}
-        """Runs this process has claimed (run id -> claimed version)."""
+        self.working = Working()
+        """Runs a task of this process is claiming or holding (`Working`)."""
         self.transcripts = Transcripts()
         """Transcripts of the runs whose next turn this process queued (`tasks.transcripts`)."""
         self.worker_id = f"{HOSTNAME}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         """This process, as its claims name it; they last while its heartbeat does."""
         self._peek: QueuePeek | None = None
         self._background = False
+        self._outage_since: float | None = None
+        self.heartbeat = Heartbeat(
+            self.db,
+            self.worker_id,
+            every=settings.heartbeat_every,
+            timeout=settings.worker_timeout_seconds,
+        )
 
     @property
     def loop(self) -> LoopThread:
@@ -179,25 +235,16 @@ class Runtime:
         """
         if self._background:
             return
+        self.heartbeat.start()
         self._background = True
-        beat(self.db, self.worker_id, hostname=HOSTNAME, pid=os.getpid())
         atexit.register(self._forget)
-        asyncio.run_coroutine_threadsafe(self._beat_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._mark_sent_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._sweep_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._deliver_forever(), self.loop.loop)
 
-    async def _beat_forever(self) -> None:
-        # On the loop itself: a loop too blocked to beat cannot finish its turns either.
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_every)
-            try:
-                await self.io(beat, self.db, self.worker_id, hostname=HOSTNAME, pid=os.getpid())
-            except Exception as exc:  # the next beat tries again; the timeout has slack
-                log.warning("could not write the heartbeat: %s", type(exc).__name__)
-
     def _forget(self) -> None:
         """At exit: the claims still held go to other workers at their next sweep."""
+        self.heartbeat.stop()
         try:
             forget_worker(self.db, self.worker_id)
         except Exception as exc:  # the heartbeat's timeout does it later
@@ -213,11 +260,14 @@ class Runtime:
             return
         if self._outgoing is None:
             self._outgoing = Outgoing(functools.partial(send, self.sender), self.loop.broker)
-        sent = await self._outgoing(rows)
+        await self.mark_sent(await self._outgoing(rows))
+
+    async def mark_sent(self, rows: list[OutboxRow]) -> None:
+        """Mark outbox rows sent: in the next batch when the background runs, else now."""
         if self._background:
-            self._sent.extend(sent)
-        else:
-            await self.io(mark_published, self.db, sent)
+            self._sent.extend(rows)
+        elif rows:
+            await self.io(mark_published, self.db, rows)
 
     async def _mark_sent_forever(self) -> None:
         while True:
@@ -227,7 +277,9 @@ class Runtime:
                 try:
                     await self.io(mark_published, self.db, batch)
                 except Exception as exc:
-                    log.warning("could not mark %d messages sent: %s", len(batch), exc)
+                    # Kept for the next round: unmarked, a sweep would send them all again.
+                    self._sent[:0] = batch
+                    log.warning("could not mark %d messages sent: %s", len(batch), _why(exc))
 
     async def _sweep_forever(self) -> None:
         # Every worker sweeps (from its start, then with jitter), so no run waits
@@ -236,7 +288,7 @@ class Runtime:
             try:
                 await self.sweep()
             except Exception as exc:
-                log.warning("sweep failed: %s", type(exc).__name__)
+                log.warning("sweep failed: %s", _why(exc))
             await asyncio.sleep(self.settings.sweep_every * random.uniform(0.8, 1.2))
 
     async def _deliver_forever(self) -> None:
@@ -248,7 +300,15 @@ class Runtime:
     async def sweep(self) -> SweepReport:
         """One sweep of the store, with what the broker still holds; sends what it finds."""
         waiting = await self.io(self._waiting)
-        report = await self.io(sweep, self.db, recovery=self.settings.recovery(), waiting=waiting)
+        report = await self.io(
+            sweep,
+            self.db,
+            recovery=self.settings.recovery(),
+            waiting=waiting,
+            worker=self.worker_id,
+            working=self.working.runs,
+            heartbeats_steady=self.heartbeat.steady,
+        )
         await self.publish(report.outbox)
         return report
 
@@ -300,17 +360,41 @@ class Runtime:
         return self._sender
 
     async def io(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a store call: on the I/O threads for a database server, inline for SQLite.
+        """Run a store call: inline for SQLite while its lock is free, else on the I/O
+        threads (`tasks.storeio`)."""
+        return await self._store(fn, *args, **kwargs)
 
-        SQLite's calls wait on no network and take one writer at a time; on a
-        thread each would only add two GIL handoffs (inline: about 1.3x the
-        turns per second). A server's round trips must not stall the loop.
-        """
-        if self.inline_store:
-            return fn(*args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(fn, *args, **kwargs)
-        )
+    async def patiently(
+        self,
+        fn: Callable[P, T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """`io`, tried again with backoff (at most `STORE_RETRY_MAX` apart) for as long as
+        the store is unavailable: for calls that are safe to repeat, and whose task would
+        otherwise end without having done its work (a claim, an answer's application)."""
+        tries = 0
+        while True:
+            try:
+                result = await self.io(fn, *args, **kwargs)
+            except StoreUnavailable as exc:
+                self._store_outage(exc)
+                await asyncio.sleep(backoff(tries, None, base=0.1, cap=STORE_RETRY_MAX))
+                tries += 1
+                continue
+            if tries:
+                self._store_outage(None)
+            return result
+
+    def _store_outage(self, error: StoreUnavailable | None) -> None:
+        """Log a store outage once as it starts and once as it ends, however many calls
+        wait it out."""
+        if error is not None and self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning("%s; the turns and answers in hand wait for it", error)
+        elif error is None and self._outage_since is not None:
+            lasted, self._outage_since = time.monotonic() - self._outage_since, None
+            log.warning("the store answers again, after %.1f s", lasted)
 
     def wait(self, work: Coroutine[Any, Any, T]) -> T:
         """What `work` returned, or its exception raised here, in a task body.
@@ -329,3 +413,9 @@ class Runtime:
             raise RuntimeError("a task body deferred its work to a caller that cannot wake it")
         result: T = pool.switch()
         return result
+
+
+def _why(exc: BaseException) -> str:
+    """An error as the log shows it: a store outage's own words (its address, no password),
+    else the type alone (a database error's text holds its SQL)."""
+    return str(exc) if isinstance(exc, StoreUnavailable) else type(exc).__name__

@@ -17,6 +17,7 @@ the deployment's. An empty value counts as unset.
 |---|---|---|
 | `RELAYQ_HOME` | `.relayq` | folder for the SQLite database and the embedded broker |
 | `RELAYQ_DATABASE_URL` | SQLite at `$RELAYQ_HOME/relayq.db` | `postgresql+psycopg://...` |
+| `RELAYQ_SQLITE_BUSY_TIMEOUT` | `30` | seconds a SQLite write waits for the lock (`store.db`) |
 | `RELAYQ_BROKER_URL` | the embedded Redis on `$RELAYQ_HOME/redis.sock` | the Celery broker |
 | `RELAYQ_KEY_PREFIX` | `relayq:` | prefix of every broker key, so relayq can share a Redis |
 | `RELAYQ_AGENTS` | (none) | comma-separated modules that define the agents |

@@ -376,7 +376,7 @@ async def _run_context(rt: Runtime, run_id: str, known: str | None) -> Context:
     process's memory, else the store's, else a new one."""
     traceparent = known or _remembered.get(run_id)
     if traceparent is None:
-        found = (await rt.io(_contexts, rt.db, [run_id])).get(run_id)
+        found = (await rt.patiently(_contexts, rt.db, [run_id])).get(run_id)
         traceparent = found.traceparent if found is not None else ""
     else:
         _remembered.put(run_id, traceparent)
@@ -447,7 +447,7 @@ async def resumed(rt: Runtime, request_id: str) -> AsyncIterator[None]:
     if not enabled():
         yield
         return
-    row = await rt.io(_request_trace, rt.db, request_id)
+    row = await rt.patiently(_request_trace, rt.db, request_id)
     if row is None:
         yield
         return

@@ -35,6 +35,7 @@ from store import (
     Claim,
     OutboxRow,
     StaleClaim,
+    StoreUnavailable,
     claim_turn,
     fail_run,
     finish_cancelled,
@@ -48,7 +49,7 @@ from store import (
 )
 from store.budgets import Gate, budget_gate
 from store.ledger import LedgerEntry, ledger_put_all
-from store.outbox import TURN_QUEUE, TURN_TASK, mark_published
+from store.outbox import TURN_QUEUE, TURN_TASK
 from tasks.limiter import limited_model
 from tasks.metrics import cost_of, observed_model, observed_turn
 from tasks.runtime import Runtime
@@ -292,28 +293,38 @@ class Outcome:
 
 
 async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> Outcome:
-    """Run one turn; returns what happened."""
+    """Run one turn; returns what happened.
+
+    The store may go away under it. The claim is asked for until the store answers
+    (asking again is safe: a claim whose commit was lost is freed by this worker's
+    sweeper). A store call that fails after the claim ends the turn there: once the
+    store answers, the run goes back to its queue (`_give_back`), and its next turn
+    takes up what this one stored (the reply, the tools' outcomes in the ledger).
+    """
     task_id = task.id if task is not None else None
-    claim = await rt.io(
-        claim_turn,
-        rt.db,
-        run_id,
-        version,
-        task_id=task_id,
-        lease=rt.settings.worker_timeout,
-        worker=rt.worker_id,
-        worker_timeout=rt.settings.worker_timeout,
-        kept=rt.transcripts.take(run_id, version),
-    )
-    if claim is None:
-        return Outcome("skipped: stale or duplicate message")
-    rt.holding[run_id] = claim.version
-    try:
-        # Timed and traced (`tasks.metrics`): relayq_turn_duration_seconds, relayq.turn.
-        async with observed_turn(rt, task, claim) as seen:
-            return seen.ended(await _drive(rt, task, claim))
-    finally:
-        rt.holding.pop(run_id, None)
+    # Counted from before the claim is asked for: the sweeper frees a claim of this
+    # worker that no task works on (`store.maintenance`).
+    with rt.working.on(run_id):
+        claim = await rt.patiently(
+            claim_turn,
+            rt.db,
+            run_id,
+            version,
+            task_id=task_id,
+            lease=rt.settings.worker_timeout,
+            worker=rt.worker_id,
+            worker_timeout=rt.settings.worker_timeout,
+            kept=rt.transcripts.take(run_id, version),
+            heartbeats_steady=rt.heartbeat.steady,
+        )
+        if claim is None:
+            return Outcome("skipped: stale or duplicate message")
+        try:
+            # Timed and traced (`tasks.metrics`): relayq_turn_duration_seconds, relayq.turn.
+            async with observed_turn(rt, task, claim) as seen:
+                return seen.ended(await _drive(rt, task, claim))
+        except StoreUnavailable as exc:
+            return await _give_back(rt, task, claim, exc)
 
 
 async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
@@ -346,6 +357,8 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
         )
     except StaleClaim:
         return Outcome("skipped: lost the claim")
+    except StoreUnavailable:
+        raise  # not the run's failure: `drive_turn` gives the run back
     except RunCancelled:
         await rt.io(finish_cancelled, rt.db, claim)
         return Outcome("cancelled")
@@ -385,6 +398,24 @@ async def _retry_or_fail(
     return Outcome(f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}", countdown)
 
 
+async def _give_back(
+    rt: Runtime, task: TaskRef | None, claim: Claim, exc: StoreUnavailable
+) -> Outcome:
+    """The store failed under the turn: once it answers again, the run goes back to its
+    queue, with no try counted and no error stored."""
+    log.warning("run %s: %s; the turn is given back once the store answers", claim.run_id, exc)
+    agent = rt.known_agent(claim.agent)
+    queue = agent.queue if agent is not None else None
+    try:
+        row = await rt.patiently(requeue_turn, rt.db, claim, countdown=0.0, queue=queue)
+    except StaleClaim:
+        # The turn's last write went through after all (its answer was lost), or the
+        # sweeper freed the run meanwhile: its next message is on its way.
+        return Outcome("skipped: lost the claim")
+    await _resend(rt, task, row, 0.0)
+    return Outcome(f"given back: the store was unavailable ({exc.reason})", 0.0)
+
+
 # -- provider limits: a turn whose provider has no capacity for longer than it may wait
 # in place goes back to its queue; no failed try is counted, no error stored. --------------
 
@@ -421,7 +452,7 @@ async def _resend(rt: Runtime, task: TaskRef | None, row: OutboxRow, countdown: 
             kwargsrepr="{}",
         )
         await rt.io(retry.apply_async)
-        await rt.io(mark_published, rt.db, [row])
+        await rt.mark_sent([row])
 
 
 # -- budgets: before the model is called, the run's budget and its batch's are checked

@@ -28,7 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from relayq import RelayqError
-from store import Database, UnknownRun, settled, settled_many
+from store import Database, StoreUnavailable, UnknownRun, settled, settled_many
 from tasks.announce import channel_of, decode
 from tasks.broker import redis_url
 from tasks.settings import Settings
@@ -163,6 +163,11 @@ class RunWaiter:
         """One read of these runs; their waiters wake if settled (or hear why not)."""
         try:
             states = await self.io(settled_many, self.db, run_ids)
+        except StoreUnavailable:
+            # A store outage ends no wait: these runs are read again at the next recheck
+            # (a wait with a timeout still ends then, with the store's word if it has one).
+            self._woken.update(run_ids)
+            return
         except Exception as exc:  # the waiters raise it, as a poll of their own would
             for run_id in run_ids:
                 self._end(run_id, exc)

@@ -28,7 +28,7 @@ from relayq import (
     UnstorableInput,
 )
 from relayq import _errors as errors_module
-from store import StaleClaim, UnknownRun
+from store import StaleClaim, StoreUnavailable, UnknownRun
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("relayq", "store", "tasks", "workers", "api", "cli")
@@ -98,6 +98,7 @@ ERRORS = [
     UnknownAgent("nobody", ("a", "b")),
     UnknownRun("run_1"),
     StaleClaim("run_1", 3),
+    StoreUnavailable("postgresql+psycopg://relayq:***@db:5432/relayq", "connection refused", 2.0),
 ]
 
 
@@ -138,6 +139,7 @@ def test_the_subclasses_keep_their_bases_and_structured_fields():
         (UnstorableInput("x"), 422),
         (ResumeError("x"), 422),
         (StaleClaim("r", 1), 500),
+        (StoreUnavailable("sqlite:///x.db", "the database file is locked"), 503),
     ],
 )
 def test_the_api_picks_its_status_from_the_type_alone(error: RelayqError, status: int):

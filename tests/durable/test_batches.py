@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlmodel import select
+from sqlmodel import func, select
 from typer.testing import CliRunner, Result
 
 from api.app import create_app
@@ -25,11 +29,12 @@ from store import (
     batch_results,
     batch_status,
     cancel_batch,
+    migrate,
     start_batch,
 )
 from store.models import FINISHED
 
-from .conftest import Durable, Eventually
+from .conftest import ROOT, Durable, Eventually
 from .desk import refund_prompt
 from .test_api import SUBMITTER, TOKENS, VIEWER, ApiServer, log_in, serve_in_thread
 from .test_cli import cli, one_error_line, read_results, settle, write_jobs
@@ -122,7 +127,8 @@ def test_a_rerun_with_a_changed_prompt_names_the_job_unless_asked_to_start_it_an
 
 
 def test_racing_starters_of_one_batch_start_each_job_once(durable: Durable):
-    # Given eight processes' worth of starters, racing to start the same new batch
+    # Given eight processes' worth of starters, racing to start the same new batch in
+    # chunks of three jobs, so that their chunks interleave
     db = Database(durable.settings.database_url)
     batch_id = f"batch_{uuid.uuid4().hex}"
     jobs = [(f"j{i}", f"race {batch_id} {i}") for i in range(20)]
@@ -132,7 +138,7 @@ def test_racing_starters_of_one_batch_start_each_job_once(durable: Durable):
     def start() -> None:
         barrier.wait()
         try:
-            start_batch(db, agent="recall", jobs=jobs, batch_id=batch_id, started_by="ci")
+            start_batch(db, agent="recall", jobs=jobs, batch_id=batch_id, started_by="ci", chunk=3)
         except BaseException as exc:
             errors.append(exc)
 
@@ -150,6 +156,56 @@ def test_racing_starters_of_one_batch_start_each_job_once(durable: Durable):
         every = s.exec(select(RunRow).where(RunRow.batch_id == batch_id)).all()
     assert len(every) == 20
     db.dispose()
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_start_killed_between_chunks_starts_each_job_once_when_run_again(
+    durable: Durable, private_database: str, tmp_path: Path
+):
+    # Given `relayq batch` starting 10,000 jobs on a store and a broker no worker serves
+    env = {
+        **durable.env,
+        "RELAYQ_DATABASE_URL": private_database,
+        "RELAYQ_KEY_PREFIX": durable.broker.new_prefix(),
+        "COLUMNS": "250",
+    }
+    jobs = write_jobs(
+        tmp_path / "jobs.jsonl", [{"id": f"j{i}", "prompt": f"job {i}"} for i in range(10_000)]
+    )
+    output = tmp_path / "out.jsonl"
+    db = Database(private_database)
+    migrate(db)
+    command = [sys.executable, "-c", "from cli.main import main; main()",
+               "batch", "recall", str(jobs), "-o", str(output), "--timeout", "0.1"]  # fmt: skip
+    starter = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        # When it is SIGKILLed once some chunks have committed and others not
+        deadline = time.monotonic() + 60
+        started = 0
+        while not 0 < started < 9_000:
+            assert starter.poll() is None, "the start ended before it could be killed"
+            assert time.monotonic() < deadline, "no chunk committed"
+            with db.read() as s:
+                started = s.exec(select(func.count()).select_from(RunRow)).one()
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+
+        # Then the same command run again starts the jobs still missing, and only those:
+        # every job has one run
+        rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        assert "10000 jobs" in rerun.stderr, rerun.stderr
+        assert f"{10_000 - started} started, {started} already started" in rerun.stderr
+        with db.read() as s:
+            rows = s.exec(select(RunRow.job_id, func.count()).group_by(RunRow.job_id)).all()
+        assert len(rows) == 10_000
+        assert {n for _, n in rows} == {1}
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
+        db.dispose()
 
 
 def test_a_batch_of_another_agent_is_refused(durable: Durable):

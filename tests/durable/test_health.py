@@ -84,6 +84,6 @@ async def test_a_store_that_does_not_answer_makes_the_api_unready_naming_it(dura
     assert ready.status_code == 503
     body = ready.json()
     assert body["status"] == "unready"
-    assert body["store"] == "OperationalError"
+    assert body["store"] == "StoreUnavailable"
     assert body["broker"] == "ok"
     assert "pw@" not in ready.text

@@ -21,6 +21,7 @@ from store.outbox import mark_published
 from tasks import DurableClient
 from tasks.publish import publish
 
+from . import store_outage_agents  # noqa: F401  (the host knows the stall agent)
 from .conftest import Durable, Eventually, SpareWorkers
 
 
@@ -105,6 +106,35 @@ async def test_a_live_workers_heartbeat_keeps_a_long_turn_from_being_swept_from_
     assert res.status == "done", res.error
     assert durable.count("tool", f"hold {run_id}") == 1
     assert durable.count("model", prompt) == 2
+
+
+async def test_a_worker_whose_event_loop_is_blocked_keeps_beating_and_keeps_its_turns(
+    durable: Durable, spare_workers: SpareWorkers, prompt: str, eventually: Eventually
+):
+    # Given two workers that take a worker silent for 1.5 s for dead and sweep every
+    # 0.3 s, and a tool that blocks its worker's event loop for 4 s
+    quick = {
+        "RELAYQ_HEARTBEAT_EVERY": "0.3",
+        "RELAYQ_WORKER_TIMEOUT": "1.5",
+        "RELAYQ_SWEEP_EVERY": "0.3",
+        "RELAYQ_AGENTS": "tests.durable.agents,tests.durable.store_outage_agents",
+        "RELAYQ_TEST_STALL": "4",
+    }
+    stalling = spare_workers.start(**quick)
+    spare_workers.start(**quick)  # the other, sweeping the same store
+
+    # When a run's tool blocks the first worker's loop for longer than the timeout
+    async with DurableClient(settings=stalling.settings) as client:
+        run_id = await client.start("stall", prompt)
+        res = await client.result(run_id, wait=True, timeout=60)
+        crashes = get_run(client.db, run_id).crashes
+
+    # Then its heartbeat went on from its own thread: no worker took the run over, and
+    # the tool ran once
+    assert res.status == "done", res.error
+    assert durable.count("tool", f"stall {run_id} attempt 1") == 1
+    assert durable.count("tool", f"stall {run_id} attempt 2") == 0
+    assert crashes == 0
 
 
 def _heartbeat_of_holder(db: Database, run_id: str) -> datetime:
