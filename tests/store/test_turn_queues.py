@@ -89,7 +89,7 @@ def test_runs_woken_from_a_wait_are_sent_again_at_once_and_only_those_still_queu
 
     # Then each waiting run's turn message goes again now, as a new send on its queue,
     # and the claim it names is the one the countdown's message names
-    assert sorted(r.run_id for r in rows) == ["run_w1", "run_w2"]
+    assert sorted(str(r.run_id) for r in rows) == ["run_w1", "run_w2"]
     assert {(r.countdown, r.queue, r.sends) for r in rows} == {(0.0, VIP, 1)}
     assert sorted(r.args for r in rows) == sorted(w.args for w in waiting)
     assert {task_id_of(r) for r in rows}.isdisjoint(task_id_of(w) for w in waiting)
