@@ -46,6 +46,7 @@ __all__ = [
     "CircuitState",
     "ProviderDown",
     "Ticket",
+    "Wait",
     "outage_countdown",
     # hooks
     "CircuitChange",
@@ -131,19 +132,29 @@ def _rebuild_provider_down(
     )
 
 
-def outage_countdown(down: ProviderDown, waited: float, probe_every: float, limit: float) -> float:
-    """Seconds a turn kept back by an open circuit waits in its queue, having waited
-    `waited` of its outage `limit` so far.
+@dataclass(frozen=True)
+class Wait:
+    """A run's wait for an open circuit (`Circuit.waiting`)."""
 
-    The prober comes back for its probe. The others are woken when the circuit
-    closes, so theirs only stands in for a lost wake-up: it grows with the outage
-    (half the wait so far), jittered, so that a long one costs each run a few
-    re-queues an hour; it never runs past the run's limit, nor past MAX_DELAY.
+    since: float
+    """When the run began to wait, this outage (Unix seconds)."""
+    probing: bool
+    """The run is the circuit's prober: it comes back for the next probe."""
+
+
+def outage_countdown(
+    retry_in: float, waited: float, probe_every: float, limit: float, *, probing: bool
+) -> float:
+    """Seconds a turn kept back by an open circuit waits in its queue, having waited
+    `waited` of its outage `limit` so far; the next probe is due in `retry_in`.
+
+    The prober comes back for the probe. The others are woken when the circuit
+    closes, so theirs only stands in for a lost wake-up (or a prober gone): it
+    grows with the outage (half the wait so far), jittered, so that a long one
+    costs each run a few re-queues an hour; it never runs past the run's limit,
+    nor past MAX_DELAY.
     """
-    if down.probing:
-        seconds = down.retry_in
-    else:
-        seconds = max(probe_every, waited / 2) * random.uniform(0.8, 1.2)
+    seconds = retry_in if probing else max(probe_every, waited / 2) * random.uniform(0.8, 1.2)
     return max(0.0, min(seconds, limit - waited + 0.05, MAX_DELAY))
 
 
@@ -214,9 +225,11 @@ class Circuit:
         """The call ended without an answer or an outage (cancelled, throttled): a probe's
         turn goes to the next caller."""
 
-    async def waiting(self, key: str, run_id: str, batch_id: str | None) -> float | None:
-        """Note that run `run_id` waits for the circuit `key`; when its wait started (Unix
-        seconds, the first time in this outage), or None when the circuit is closed."""
+    async def waiting(
+        self, key: str, run_id: str, batch_id: str | None, *, probing: bool = False
+    ) -> Wait | None:
+        """Note that run `run_id` waits for the circuit `key` (`probing`: its turn was told
+        to make the next probe); None when the circuit is closed."""
         return None
 
     async def still_waiting(self, key: str, run_id: str) -> bool:

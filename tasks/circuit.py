@@ -6,7 +6,9 @@ Each provider whose circuit is not closed has, under the settings' key prefix:
                                      microseconds of Redis's TIME), kind (the last outage
                                      error's), probe_at (the next probe's moment), probe
                                      and probe_until (the probe's holder and its lease),
-                                     probes (made so far), label, host, model
+                                     probes (made so far), prober and prober_at (the
+                                     run that comes back for the next probe, last seen),
+                                     label, host, model
     {prefix}circuit:{<key>}:waiting  hash: run id -> when it began to wait, this outage
     {prefix}circuit:{<key>}:batches  hash: batch id -> when its first run began to wait
     {prefix}circuits                 set: the circuits not closed (for /metrics and
@@ -52,6 +54,7 @@ from relayq.circuit import (
     OutageKind,
     ProviderDown,
     Ticket,
+    Wait,
 )
 from relayq.ratelimit import ProviderLimits
 from store.outbox import MAINTENANCE_QUEUE
@@ -144,19 +147,28 @@ redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
 return 1
 """
 
-# KEYS: as above. ARGV: run id, batch id (or ""), ttl (ms). Returns when the run began to
-# wait (us), or nil when the circuit is closed.
+# KEYS: as above. ARGV: run id, batch id (or ""), ttl (ms), probing (1: told to probe),
+# stale (us). The run keeps the moment it began to wait, and is the prober when it was told
+# to probe, was the prober, or the prober has not been seen for `stale`. Returns {since
+# (us), prober (0, 1)}, or nil when the circuit is closed.
 _WAIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local t = redis.call('TIME')
-local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
-redis.call('HSETNX', KEYS[2], ARGV[1], now)
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('HSETNX', KEYS[2], ARGV[1], string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 if ARGV[2] ~= '' then
-  redis.call('HSETNX', KEYS[3], ARGV[2], now)
+  redis.call('HSETNX', KEYS[3], ARGV[2], string.format('%.0f', now))
   redis.call('PEXPIRE', KEYS[3], ARGV[3])
 end
-return tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
+local st = redis.call('HMGET', KEYS[1], 'prober', 'prober_at')
+local prober = 0
+if ARGV[4] == '1' or st[1] == ARGV[1] or not st[1]
+   or now - (tonumber(st[2]) or 0) > tonumber(ARGV[5]) then
+  redis.call('HSET', KEYS[1], 'prober', ARGV[1], 'prober_at', string.format('%.0f', now))
+  prober = 1
+end
+return {tonumber(redis.call('HGET', KEYS[2], ARGV[1])), prober}
 """
 
 
@@ -394,13 +406,22 @@ class RedisCircuit(Circuit):
 
     # -- the runs that wait ------------------------------------------------------------------
 
-    async def waiting(self, key: str, run_id: str, batch_id: str | None) -> float | None:
+    async def waiting(
+        self, key: str, run_id: str, batch_id: str | None, *, probing: bool = False
+    ) -> Wait | None:
+        # A prober not seen for a few probes' time has gone (cancelled, its worker lost).
+        stale = int(3 * self.probe_every * 1e6)
         try:
-            since = await self._run(_WAIT, key, run_id, batch_id or "", _TTL_MS)
+            reply = await self._run(
+                _WAIT, key, run_id, batch_id or "", _TTL_MS, 1 if probing else 0, stale
+            )
         except (redis.RedisError, OSError, ValueError) as exc:
             self._unavailable(None, exc)
-            return time.time()
-        return None if since is None else int(since) / 1e6
+            return Wait(time.time(), probing)
+        if reply is None:
+            return None
+        since, prober = cast(list[Any], reply)
+        return Wait(int(since) / 1e6, bool(prober))
 
     async def still_waiting(self, key: str, run_id: str) -> bool:
         try:

@@ -398,8 +398,8 @@ async def _wait_for_provider(
     rt: Runtime, task: TaskRef | None, claim: Claim, exc: ProviderDown
 ) -> Outcome:
     circuit = circuit_for(rt.settings)
-    since = await circuit.waiting(exc.key, claim.run_id, claim.batch_id)
-    waited = 0.0 if since is None else time.time() - since
+    wait = await circuit.waiting(exc.key, claim.run_id, claim.batch_id, probing=exc.probing)
+    waited = 0.0 if wait is None else time.time() - wait.since
     limit = rt.settings.provider_outage_limit
     if waited >= limit:
         error = (
@@ -410,11 +410,14 @@ async def _wait_for_provider(
         )
         await rt.io(fail_run, rt.db, claim, error)
         raise TurnFailed(claim.run_id, error) from None
-    countdown = outage_countdown(exc, waited, rt.settings.provider_probe_every, limit)
+    probing = wait is not None and wait.probing
+    countdown = outage_countdown(
+        exc.retry_in, waited, rt.settings.provider_probe_every, limit, probing=probing
+    )
     agent = rt.known_agent(claim.agent)
     queue = agent.queue if agent is not None else None
     row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue)
-    if since is None or not await circuit.still_waiting(exc.key, claim.run_id):
+    if wait is None or not await circuit.still_waiting(exc.key, claim.run_id):
         countdown = 0.0  # closed (and its runs woken) while this turn went back
     await _resend(rt, task, row, countdown)
     return Outcome(

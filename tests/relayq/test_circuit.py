@@ -62,16 +62,14 @@ def test_provider_down_survives_pickling_whole():
 
 
 def test_the_prober_comes_back_for_its_probe_and_the_others_later_as_the_outage_goes_on():
-    prober = ProviderDown("h/m", "k", 0.0, 0.4, probing=True)
-    other = ProviderDown("h/m", "k", 0.0, 0.4)
+    def countdown(waited: float, *, probing: bool = False, limit: float = 3600.0) -> float:
+        return outage_countdown(0.4, waited, 5.0, limit, probing=probing)
 
-    assert outage_countdown(prober, 100.0, 5.0, 3600.0) == 0.4
-    early = outage_countdown(other, 1.0, 5.0, 3600.0)
-    late = outage_countdown(other, 400.0, 5.0, 3600.0)
-    assert 4.0 <= early <= 6.0
-    assert 160.0 <= late <= 240.0
-    assert outage_countdown(other, 10_000.0, 5.0, 100_000.0) == 300.0, "never past MAX_DELAY"
-    assert outage_countdown(other, 3599.0, 5.0, 3600.0) <= 1.05, "never past the outage limit"
+    assert countdown(100.0, probing=True) == 0.4
+    assert 4.0 <= countdown(1.0) <= 6.0
+    assert 160.0 <= countdown(400.0) <= 240.0
+    assert countdown(10_000.0, limit=100_000.0) == 300.0, "never past MAX_DELAY"
+    assert countdown(3599.0) <= 1.05, "never past the outage limit"
 
 
 class Failing:

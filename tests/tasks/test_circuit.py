@@ -263,10 +263,41 @@ async def test_a_run_keeps_the_moment_it_began_to_wait_until_the_circuit_closes(
     again = await two.waiting(LIMITS.key, "run-x", "batch-9")
 
     assert first is not None
-    assert again == first
+    assert again is not None
+    assert again.since == first.since
     assert await two.still_waiting(LIMITS.key, "run-x")
     [view] = views("batch-9")
-    assert (view.waiting, view.batch_since, view.provider) == (1, first, LIMITS.label)
+    assert (view.waiting, view.batch_since, view.provider) == (1, first.since, LIMITS.label)
+
+
+async def test_the_prober_keeps_its_part_across_waits_and_another_run_takes_it_once_it_is_gone(
+    pair,
+):
+    (one, _, _), (two, _, _) = pair
+    with pytest.raises(ProviderDown):
+        await CircuitModel(Provider(unreachable()), one, LIMITS)(REQUEST)
+
+    # When the run whose turn opened the circuit waits as its prober, and another waits
+    told = await one.waiting(LIMITS.key, "run-p", None, probing=True)
+    other = await two.waiting(LIMITS.key, "run-o", None)
+    again = await one.waiting(LIMITS.key, "run-p", None)
+
+    # Then the prober stays the prober, though kept back before its probe was due
+    assert told is not None
+    assert told.probing
+    assert other is not None
+    assert not other.probing
+    assert again is not None
+    assert again.probing
+    # ... and once it has not been seen for three probes' time, the other run takes it on
+    deadline = asyncio.get_running_loop().time() + 5
+    while True:
+        taken = await two.waiting(LIMITS.key, "run-o", None)
+        assert taken is not None
+        if taken.probing:
+            break
+        assert asyncio.get_running_loop().time() < deadline, "the prober never went stale"
+        await asyncio.sleep(0.05)
 
 
 async def test_with_redis_unreachable_the_outage_error_stands_with_a_warning(
