@@ -188,6 +188,8 @@ class CircuitChange:
     """When it opened (Unix seconds)."""
     woken: int = 0
     """When it closed here: the runs that had waited for it, woken."""
+    probe_failed: bool = False
+    """`open` again because this process's probe failed (it was open already)."""
 
 
 class CircuitHooks:

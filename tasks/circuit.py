@@ -63,6 +63,7 @@ from tasks.settings import Settings
 __all__ = [
     "REFRESH",
     "WAKE_TASK",
+    "CircuitLog",
     "CircuitView",
     "RedisCircuit",
     "add_hooks",
@@ -280,10 +281,13 @@ class RedisCircuit(Circuit):
         *,
         ours: bool = False,
         woken: int = 0,
+        probe_failed: bool = False,
     ) -> None:
         """Keep what was read of a circuit; tell the hooks of what changed for this process:
         each change it made (`ours`), and an opening or a closing made elsewhere."""
         before = self._seen.get(limits.key)
+        if before is not None and not seen.opened_at:
+            seen.opened_at = before.opened_at  # a closing read elsewhere: since when it was open
         self._seen[limits.key] = seen
         was_closed = before is None or before.state == "closed"
         if ours or was_closed != (seen.state == "closed"):
@@ -295,6 +299,7 @@ class RedisCircuit(Circuit):
                     kind=seen.kind,
                     opened_at=seen.opened_at or None,
                     woken=woken,
+                    probe_failed=probe_failed,
                 )
             )
 
@@ -361,9 +366,10 @@ class RedisCircuit(Circuit):
             return None
         verdict, opened, wait = cast(list[Any], reply)
         ours = _text(verdict) in ("opened", "reopened")
+        reopened = _text(verdict) == "reopened"
         retry_in = int(wait) / 1e6
         seen = _Seen("open", time.monotonic() + self._trust(retry_in), int(opened) / 1e6, kind)
-        self._see(limits, seen, ours=ours)
+        self._see(limits, seen, ours=ours, probe_failed=reopened)
         return ProviderDown(
             limits.label,
             limits.key,
@@ -515,12 +521,19 @@ def since_text(moment: float) -> str:
 # -- logging, and the process's circuit -------------------------------------------------------
 
 
-class _LogChanges(CircuitHooks):
-    """One line per change this process sees: opened, probed, closed."""
+class CircuitLog(CircuitHooks):
+    """One line per change this process sees: opened, probed (and the probe failed), closed."""
 
     def after_change(self, event: CircuitChange) -> None:
         since = since_text(event.opened_at) if event.opened_at else "?"
-        if event.state == "open":
+        if event.probe_failed:
+            log.info(
+                "provider %s: the probe failed (%s); circuit open since %s",
+                event.provider,
+                event.kind or "outage",
+                since,
+            )
+        elif event.state == "open":
             log.warning(
                 "provider %s is down (%s): circuit open since %s; its turns wait without "
                 "spending tries",
@@ -539,7 +552,7 @@ class _LogChanges(CircuitHooks):
             )
 
 
-_HOOKS: list[CircuitHooks] = [_LogChanges()]
+_HOOKS: list[CircuitHooks] = [CircuitLog()]
 _circuits: dict[tuple[int, str, str, bool], Circuit] = {}
 _lock = threading.Lock()
 

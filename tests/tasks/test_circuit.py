@@ -17,7 +17,7 @@ from relayq import InProcessRequest, InProcessResponse, ModelError
 from relayq.circuit import CircuitChange, CircuitHooks, CircuitModel, ProviderDown, Ticket
 from relayq.ratelimit import ProviderLimits
 from tasks import Settings
-from tasks.circuit import RedisCircuit, circuit_for, read_circuits
+from tasks.circuit import CircuitLog, RedisCircuit, circuit_for, read_circuits
 
 REQUEST = InProcessRequest(messages=[{"role": "user", "content": "hi"}], tools=[])
 LIMITS = ProviderLimits(key="p1", label="api.example.com/m", host="api.example.com", model="m")
@@ -110,12 +110,15 @@ async def wait_until_probe_due(circuit: RedisCircuit) -> None:
 
 async def until_it_goes(model: CircuitModel) -> InProcessResponse:
     """The reply of `model`'s first call its circuit lets go (each client trusts what it
-    read of a circuit a moment, so one kept back may go a little after another closed it)."""
+    read of a circuit a moment, so one kept back may go a little after another closed it);
+    ProviderDown if that call fails for an outage."""
     deadline = asyncio.get_running_loop().time() + 5
     while True:
         try:
             return await model(REQUEST)
-        except ProviderDown:
+        except ProviderDown as down:
+            if down.called:
+                raise  # let go, and failed
             if asyncio.get_running_loop().time() > deadline:
                 pytest.fail("the circuit never let the call go")
             await asyncio.sleep(0.02)
@@ -329,3 +332,44 @@ def test_each_process_has_one_circuit_per_broker_and_none_without_redis(tmp_path
     assert circuit_for(shared) is circuit_for(shared)
     assert not isinstance(circuit_for(off), RedisCircuit), "switched off"
     assert not isinstance(circuit_for(unstarted), RedisCircuit), "no broker running"
+
+
+async def test_a_worker_logs_one_line_per_change_it_sees(private_redis, prefix, caplog):
+    # Given two clients that log the changes they see
+    one, two = (
+        RedisCircuit(
+            private_redis.url, prefix=prefix, probe_every=PROBE_EVERY, hooks=[CircuitLog()]
+        )
+        for _ in range(2)
+    )
+    provider = Provider(unreachable())
+
+    # When the first opens the circuit and fails a probe, the second is kept back, and the
+    # first's next probe is answered
+    with caplog.at_level(logging.INFO, logger="tasks.circuit"):
+        try:
+            for _ in range(2):
+                with pytest.raises(ProviderDown):
+                    await until_it_goes(CircuitModel(provider, one, LIMITS))
+            with pytest.raises(ProviderDown):
+                await CircuitModel(provider, two, LIMITS)(REQUEST)
+            provider.error = None
+            await until_it_goes(CircuitModel(provider, one, LIMITS))
+            await until_it_goes(CircuitModel(provider, two, LIMITS))
+        finally:
+            await one.aclose()
+            await two.aclose()
+
+    # Then each change is one line, the provider named, never more
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.circuit"]
+    assert [line.split(":")[0].split(" (")[0] for line in lines] == [
+        f"provider {LIMITS.label} is down",  # the first opened it
+        f"provider {LIMITS.label}",  # ... probed it
+        f"provider {LIMITS.label}",  # ... and its probe failed
+        f"provider {LIMITS.label} is down",  # the second saw it open
+        f"provider {LIMITS.label}",  # the first probed again
+        f"provider {LIMITS.label} answers again",  # ... and closed it
+        f"provider {LIMITS.label} answers again",  # the second saw it closed
+    ]
+    assert "the probe failed (unreachable)" in lines[2]
+    assert "open since ?" not in " ".join(lines)
