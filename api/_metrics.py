@@ -26,6 +26,7 @@ from prometheus_client.exposition import choose_encoder
 
 from api._auth import refuse_tokens_in_url, unauthorized
 from relayq.agents import registered_agents
+from relayq.ratelimit import ProviderLimits
 from tasks import DurableClient
 from tasks.gauges import BrokerView, StoreGauges
 from tasks.settings import QUEUES
@@ -41,6 +42,12 @@ def _queues() -> list[str]:
     return [*QUEUES, *sorted({a.queue for a in registered_agents().values()} - set(QUEUES))]
 
 
+def _providers() -> list[ProviderLimits]:
+    """The providers of the agents this process knows, whose circuits `/metrics` shows."""
+    agents = registered_agents().values()
+    return [ProviderLimits.of(a.provider.config) for a in agents if a.provider is not None]
+
+
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     client: DurableClient = app.state.client  # the app's own lifespan made it
@@ -49,6 +56,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         client.db,
         broker,
         queues=_queues,
+        providers=_providers,
         worker_timeout=timedelta(seconds=client.settings.worker_timeout_seconds),
     )
     try:

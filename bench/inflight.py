@@ -195,6 +195,17 @@ async def measure(
     )
 
 
+def mode_folders(modes: str, prefix: str) -> list[tuple[str, Path]]:
+    """Each of the comma-separated `modes` (`on,off`) with a fresh folder of its own, to
+    measure them side by side in one go."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    found = []
+    for mode in modes.split(","):
+        (home / mode).mkdir()
+        found.append((mode, home / mode))
+    return found
+
+
 def wait_ready(log: Path, worker: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while b"ready." not in log.read_bytes():

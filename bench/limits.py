@@ -18,23 +18,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.agents import STEP, bench_model
-from bench.inflight import free_port, redis_url, start_worker, wait_all, wait_ready
+from bench.inflight import (
+    free_port,
+    mode_folders,
+    redis_url,
+    start_worker,
+    wait_all,
+    wait_ready,
+)
+from bench.model_server import ServerProcess
 from relayq import Agent
 from tasks import DurableClient, Settings
-
-ROOT = Path(__file__).resolve().parents[1]
 
 _rpm = os.environ.get("RELAYQ_BENCH_RPM")
 
@@ -65,40 +66,18 @@ class Outcome:
         return (self.answered - 1) / self.span if self.span > 0 else 0.0
 
 
-def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bench.model_server", "--port", str(port),
-         "--latency", str(args.latency), "--turns", str(args.turns),
-         "--limit-rps", str(args.limit)],
-        cwd=ROOT,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            stats(port)
-            return server
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the model server did not start") from None
-            time.sleep(0.1)
-
-
-def stats(port: int) -> dict[str, float | int | None]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as reply:
-        found: dict[str, float | int | None] = json.load(reply)
-        return found
-
-
 async def measure(args: argparse.Namespace, home: Path, limiter: bool) -> Outcome:
-    port = free_port()
-    server = start_server(port, args)
+    server = ServerProcess(
+        free_port(), "--latency", str(args.latency), "--turns", str(args.turns),
+        "--limit-rps", str(args.limit),
+    ).start()  # fmt: skip
     env = {
         **os.environ,
         "RELAYQ_HOME": str(home),
         "RELAYQ_DATABASE_URL": f"sqlite:///{home / 'relayq.db'}",
         "RELAYQ_KEY_PREFIX": f"relayq-bench-limits-{home.name}-{os.getpid()}:",
         "RELAYQ_AGENTS": "bench.limits",
-        "RELAYQ_BENCH_MODEL_URL": f"http://127.0.0.1:{port}/v1",
+        "RELAYQ_BENCH_MODEL_URL": server.url,
         "RELAYQ_BENCH_KEY": "bench-key",
         "RELAYQ_MODEL_RETRIES": "1000",
         "NO_PROXY": "127.0.0.1,localhost",
@@ -121,15 +100,14 @@ async def measure(args: argparse.Namespace, home: Path, limiter: bool) -> Outcom
         ids = await client.start_many("bench-limits", [f"job {i}" for i in range(args.runs)])
         not_done = await wait_all(client, set(ids))
         seconds = time.perf_counter() - started
-        found = stats(port)
+        found = server.stats()
     finally:
         for worker in workers:
             os.killpg(worker.pid, signal.SIGTERM)
         for worker in workers:
             worker.wait(timeout=60)
         client.close()
-        server.terminate()
-        server.wait(timeout=10)
+        server.kill()
     first, last = found["first"], found["last"]
     span = float(last) - float(first) if first is not None and last is not None else 0.0
     return Outcome(
@@ -177,12 +155,10 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    home = Path(tempfile.mkdtemp(prefix="rq-bench-limits-"))
-    results = []
-    for mode in args.modes.split(","):
-        folder = home / mode
-        folder.mkdir()
-        results.append(asyncio.run(measure(args, folder, limiter=mode == "on")))
+    results = [
+        asyncio.run(measure(args, folder, limiter=mode == "on"))
+        for mode, folder in mode_folders(args.modes, "rq-bench-limits-")
+    ]
     print_table(results, args)
 
 

@@ -18,7 +18,13 @@ import argparse
 import asyncio
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
@@ -112,6 +118,55 @@ def app(latency: float, turns: int, limit_rps: float = 0.0) -> Starlette:
             Route("/stats", stats_page, methods=["GET"]),
         ]
     )
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ServerProcess:
+    """This server in a process of its own on `port`, which a benchmark or a test may kill
+    (SIGKILL: the provider gone, connections refused) and start again on the same port.
+
+        server = ServerProcess(port, "--latency", "0.1", "--turns", "3").start()
+        server.kill(); ...; server.start()
+    """
+
+    def __init__(self, port: int, *options: str) -> None:
+        self.port = port
+        self.options = options
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-style base URL."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 20.0) -> ServerProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.model_server", "--port", str(self.port), *self.options],
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.stats()
+                return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the model server did not start") from None
+                time.sleep(0.05)
+
+    def stats(self) -> dict[str, float | int | None]:
+        """What it answered since it started (`GET /stats`)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=5) as reply:
+            found: dict[str, float | int | None] = json.load(reply)
+            return found
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def main() -> None:

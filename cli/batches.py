@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from cli._common import console, run_with_client
+from cli._common import console, run_with_client, settings
 from relayq import Budget
 from store import (
     BatchStatus,
@@ -28,6 +28,7 @@ from store import (
     list_batches,
     result_of,
 )
+from tasks.circuit import CircuitView, batch_waits, since_text
 from tasks.client import DurableClient
 
 __all__ = ["BatchGroup", "batches", "cancel", "export", "status", "status_of"]
@@ -44,6 +45,18 @@ class BatchGroup(TyperGroup):
 
 def status_of(found: BatchStatus) -> dict[str, Any]:
     return found.to_wire(datetime.now(UTC))
+
+
+def _wait_of(view: CircuitView) -> dict[str, Any]:
+    """A circuit the batch's runs wait for, as `--json` shows it."""
+    return {
+        "provider": view.provider,
+        "since": datetime.fromtimestamp(view.batch_since or 0, UTC).isoformat(),
+        "circuit": view.state,
+        "openedAt": datetime.fromtimestamp(view.opened_at, UTC).isoformat(),
+        "kind": view.kind,
+        "runsWaiting": view.waiting,
+    }
 
 
 def _load(work: Any) -> Any:
@@ -85,6 +98,8 @@ def status(
 ) -> None:
     """Where one batch stands: runs by status, open requests, tokens, cost, budget, rate, ETA."""
     found = status_of(_load(lambda db: batch_status(db, batch_id)))
+    waits = batch_waits(settings(), batch_id)
+    found["waitingOn"] = [_wait_of(view) for view in waits]
     out = console()
     if as_json:
         out.print_json(json.dumps(found))
@@ -101,6 +116,12 @@ def status(
         limits = Budget.model_validate(found["budget"]).describe()
         state = "; over budget: raising it was declined" if found["overBudget"] else ""
         out.print(f"budget {limits}{state}")
+    for view in waits:
+        out.print(
+            f"waiting on provider {view.provider} since {since_text(view.batch_since or 0)}: "
+            f"its circuit is {view.state.replace('_', '-')} ({view.kind}), "
+            f"{view.waiting} runs wait for it"
+        )
     out.print(f"rate {rate}; eta {eta}")
     if found["cancelledAt"]:
         out.print(f"cancelled at {found['cancelledAt']}")

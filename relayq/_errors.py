@@ -18,6 +18,8 @@
     │   └── InputTooLarge        the prompt is over the size limit
     ├── RunCancelled         the run was cancelled between two steps
     ├── ModelError           the model could not be called; says whether a retry may help
+    │   └── ProviderDown         its provider's circuit is open: the turn waits, no try spent
+    │                            (relayq.circuit; a signal, never shown to a user)
     ├── Throttled            no provider capacity soon enough: the turn waits in its queue
     │                        (relayq.ratelimit; a signal, never shown to a user)
     ├── AgentError           an agent is defined twice, or cannot serve a run (relayq.agents)
@@ -57,6 +59,8 @@ exception) rebuilds it whole.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 __all__ = [
     "AlreadyVoted",
@@ -197,6 +201,10 @@ class RunCancelled(RelayqError):
         return f"run {self.run_id} was cancelled" if self.run_id else "run was cancelled"
 
 
+Unanswered = Literal["unreachable", "timeout"]
+"""Why a provider sent no status: it could not be reached, or did not answer in time."""
+
+
 class ModelError(RelayqError):
     """The model call failed.
 
@@ -211,16 +219,19 @@ class ModelError(RelayqError):
         retryable: bool = False,
         retry_after: float | None = None,
         status: int | None = None,
+        unanswered: Unanswered | None = None,
     ) -> None:
-        super().__init__(message, retryable, retry_after, status)
+        super().__init__(message, retryable, retry_after, status, unanswered)
         self.message = message
         self.retryable = retryable
         self.retry_after = retry_after
         self.status = status
         """The HTTP status the provider answered with, if it answered."""
+        self.unanswered = unanswered
+        """Why it did not answer, when the call never got a status back."""
 
     def __reduce__(self) -> tuple[object, ...]:
-        args = (self.message, self.retryable, self.retry_after, self.status)
+        args = (self.message, self.retryable, self.retry_after, self.status, self.unanswered)
         return (_rebuild_model_error, args)
 
     def __str__(self) -> str:
@@ -228,9 +239,15 @@ class ModelError(RelayqError):
 
 
 def _rebuild_model_error(
-    message: str, retryable: bool, retry_after: float | None, status: int | None
+    message: str,
+    retryable: bool,
+    retry_after: float | None,
+    status: int | None,
+    unanswered: Unanswered | None = None,
 ) -> ModelError:
-    return ModelError(message, retryable=retryable, retry_after=retry_after, status=status)
+    return ModelError(
+        message, retryable=retryable, retry_after=retry_after, status=status, unanswered=unanswered
+    )
 
 
 class UnstorableAnswer(ResumeError):

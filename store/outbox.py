@@ -17,7 +17,7 @@ from sqlmodel import Session, col, select
 
 from store.batch_queues import batch_queue_or, is_batch_queue
 from store.db import Database
-from store.models import OutboxRow, utcnow
+from store.models import OutboxRow, RunRow, utcnow
 
 __all__ = [
     "ANSWER_QUEUE",
@@ -33,6 +33,7 @@ __all__ = [
     "is_first_turn",
     "mark_published",
     "resend",
+    "resend_turns",
     "sent_at",
     "turn_label",
     "task_id_of",
@@ -209,6 +210,32 @@ def resend(row: OutboxRow, now: datetime) -> OutboxRow:
     row.sends += 1
     row.published_at = now
     return row
+
+
+def resend_turns(db: Database, run_ids: Iterable[str], *, chunk: int = 500) -> list[OutboxRow]:
+    """The turn messages of those of `run_ids` still queued, each counted as a new send and
+    to go now: runs that waited out a countdown for a reason that has gone (their provider
+    answers again) go at once. The message still counting down finds its run moved on."""
+    ids = list(run_ids)
+    rows: list[OutboxRow] = []
+    now = utcnow()
+    for start in range(0, len(ids), chunk):
+        with db.write() as s:
+            found = s.exec(
+                select(OutboxRow)
+                .join(RunRow, col(RunRow.id) == OutboxRow.run_id)
+                .where(
+                    col(OutboxRow.run_id).in_(ids[start : start + chunk]),
+                    OutboxRow.task == TURN_TASK,
+                    RunRow.status == "queued",
+                )
+                .with_for_update(skip_locked=True)
+            )
+            for row in found:
+                resend(row, now)
+                row.countdown = 0.0
+                rows.append(row)
+    return rows
 
 
 def sent_at(db: Database, task_id: str) -> datetime | None:

@@ -9,8 +9,14 @@
 | `relayq_workers_alive` | | worker processes whose heartbeat is current |
 | `relayq_queue_depth` | queue | messages waiting per queue (all priorities), active batches' too |
 | `relayq_queue_unacked` | | messages workers hold and have not acknowledged (countdowns too) |
+| `relayq_provider_circuit` | provider, model, state | 1 for its state: closed, open, half_open |
+| `relayq_provider_circuit_open_seconds` | provider, model | how long it has been open (0: closed) |
+| `relayq_provider_runs_waiting` | provider, model | runs waiting for the provider to answer again |
 | `relayq_store_up`, `relayq_broker_up` | | 1 when the part answered this scrape |
 | `relayq_metrics_collect_seconds` | part | what reading `store` and `broker` took |
+
+Providers are named by host and model, those of the agents this process knows
+(closed unless Redis says otherwise) and every circuit Redis holds open.
 
 Five statements a scrape, each a count or a sum over an index (the active
 batches' queues: over the status index, the unfinished runs only), whatever the
@@ -36,10 +42,13 @@ import redis
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy import bindparam, case, func, select, text
 
+from relayq.circuit import CircuitState
+from relayq.ratelimit import ProviderLimits
 from store import Database, RequestRow, RunRow, WorkerRow
 from store.batch_queues import active_batch_queues
 from store.models import DecisionRow, utcnow
 from store.transitions import STATUSES
+from tasks.circuit import CircuitView, read_circuits
 from tasks.settings import Settings
 
 __all__ = ["AGE_BUCKETS", "DECISION_BUCKETS", "BrokerView", "StoreGauges", "store_answers"]
@@ -142,6 +151,12 @@ class BrokerView:
         depths = {q: sum(counts[n * per : (n + 1) * per]) for n, q in enumerate(queues)}
         return depths, int(counts[-1])
 
+    def circuits(self) -> list[CircuitView] | None:
+        """The provider circuits not closed (`tasks.circuit`); None when it is not Redis."""
+        if self.client is None:
+            return None
+        return read_circuits(self.client, self.prefix)
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
@@ -206,14 +221,17 @@ class StoreGauges:
         *,
         queues: Callable[[], Sequence[str]],
         worker_timeout: timedelta,
+        providers: Callable[[], Sequence[ProviderLimits]] = tuple,
         clock: Callable[[], datetime] = utcnow,
         decisions_since: datetime | None = None,
     ) -> None:
-        """`queues` names the queues to measure (read at each scrape); decisions are
-        counted from `decisions_since`, by default from now."""
+        """`queues` names the queues to measure and `providers` those whose circuits to
+        show (both read at each scrape); decisions are counted from `decisions_since`, by
+        default from now."""
         self.db = db
         self.broker = broker
         self.queues = queues
+        self.providers = providers
         self.worker_timeout = worker_timeout
         self.clock = clock
         self._decisions = _Decisions(decisions_since or clock())
@@ -274,6 +292,7 @@ class StoreGauges:
         queues = list(dict.fromkeys([*self.queues(), *self._batch_queues]))
         try:
             found = self.broker.depths(queues)
+            circuits = self.broker.circuits()
         except redis.RedisError as exc:
             log.warning("metrics: the broker did not answer: %s", type(exc).__name__)
             up.add_metric([], 0)
@@ -288,7 +307,39 @@ class StoreGauges:
         for queue, count in depths.items():
             depth.add_metric([queue], count)
         held = "Messages delivered to workers and not yet acknowledged (running or counting down)"
-        return [up, depth, _gauge("relayq_queue_unacked", held, unacked)]
+        shown = _circuits(self.providers(), circuits or [], time.time())
+        return [up, depth, _gauge("relayq_queue_unacked", held, unacked), *shown]
+
+
+_CIRCUIT_STATES: tuple[CircuitState, ...] = ("closed", "open", "half_open")
+
+
+def _circuits(
+    known: Sequence[ProviderLimits], held: Sequence[CircuitView], now: float
+) -> list[GaugeMetricFamily]:
+    """Each provider's circuit: those Redis holds open, and the known ones closed."""
+    labels = ["provider", "model"]
+    state = GaugeMetricFamily(
+        "relayq_provider_circuit", "1 for the provider circuit's state", labels=[*labels, "state"]
+    )
+    opened = GaugeMetricFamily(
+        "relayq_provider_circuit_open_seconds",
+        "Seconds the provider's circuit has been open (0: closed)",
+        labels=labels,
+    )
+    waiting = GaugeMetricFamily(
+        "relayq_provider_runs_waiting", "Runs waiting for the provider to answer", labels=labels
+    )
+    views = {(v.host, v.model): v for v in held}
+    names = sorted({(p.host, p.model) for p in known} | set(views))
+    for name in names:
+        view = views.get(name)
+        for each in _CIRCUIT_STATES:
+            current = view.state if view is not None else "closed"
+            state.add_metric([*name, each], 1 if each == current else 0)
+        opened.add_metric(list(name), max(0.0, now - view.opened_at) if view else 0.0)
+        waiting.add_metric(list(name), view.waiting if view else 0)
+    return [state, opened, waiting]
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

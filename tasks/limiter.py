@@ -51,6 +51,7 @@ import redis.asyncio as aioredis
 from relayq import Usage
 from relayq._model import Model
 from relayq.agents import Agent
+from relayq.circuit import CircuitModel
 from relayq.ratelimit import (
     LimitCounters,
     LimitedModel,
@@ -63,6 +64,7 @@ from relayq.ratelimit import (
     Throttled,
     WaitReason,
 )
+from tasks.circuit import circuit_for
 from tasks.settings import Settings
 
 __all__ = [
@@ -436,21 +438,13 @@ def add_hooks(hooks: LimiterHooks) -> None:
     _HOOKS.append(hooks)
 
 
-def _redis_url(broker_url: str) -> str | None:
-    if broker_url.startswith("redis+socket://"):
-        return "unix://" + broker_url.removeprefix("redis+socket://")
-    if broker_url.startswith(("redis://", "rediss://", "unix://")):
-        return broker_url
-    return None
-
-
 def limiter_for(settings: Settings) -> Limiter:
     """This process's limiter: on the broker's Redis, under the settings' key prefix."""
     key = (os.getpid(), settings.broker_url, settings.key_prefix)
     with _lock:
         limiter = _limiters.get(key)
         if limiter is None:
-            url = _redis_url(settings.broker_url)
+            url = settings.redis_url
             if url is None:
                 log.warning("provider limits need a Redis broker; calls go unlimited")
                 limiter = Limiter(_HOOKS)
@@ -461,15 +455,18 @@ def limiter_for(settings: Settings) -> Limiter:
 
 
 def limited_model(settings: Settings, agent: Agent, time_limit: float) -> Model:
-    """The model a worker's turn of `agent` calls: under its provider's limits, if it sets
-    any; a provider without limits is only watched (its 429s told to the hooks).
+    """The model a worker's turn of `agent` calls: through its provider's circuit
+    (`tasks.circuit`), then under its limits, if it sets any; a provider without limits
+    is only watched (its 429s told to the hooks).
 
     A turn waits in place for capacity up to RELAYQ_LIMIT_WAIT, and never more than
     half its time limit; a longer wait is a Throttled, and the turn goes back to its queue.
+    While the circuit is open a call is a ProviderDown, and the turn waits in its queue.
     """
     if agent.provider is None:
         return agent.durable_model
     limits = ProviderLimits.of(agent.provider.config)
     limiter = limiter_for(settings) if limits.limited else _WATCHER
     max_wait = min(settings.limit_wait, time_limit / 2)
-    return LimitedModel(agent.durable_model, limiter, limits, max_wait=max_wait)
+    limited = LimitedModel(agent.durable_model, limiter, limits, max_wait=max_wait)
+    return CircuitModel(limited, circuit_for(settings), limits)

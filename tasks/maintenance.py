@@ -1,4 +1,4 @@
-"""`relayq.sweep` and `relayq.cancel_run`: the maintenance queue."""
+"""`relayq.sweep`, `relayq.cancel_run` and `relayq.wake_runs`: the maintenance queue."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from celery import Task, shared_task
 
 from store import StoreUnavailable
 from store import cancel_run as cancel_stored_run
-from store.outbox import CANCEL_TASK, MAINTENANCE_QUEUE, SWEEP_TASK
+from store.outbox import CANCEL_TASK, MAINTENANCE_QUEUE, SWEEP_TASK, resend_turns
+from tasks.circuit import WAKE_TASK
 from tasks.runtime import Runtime
 
-__all__ = ["cancel_run", "sweep"]
+__all__ = ["cancel_run", "sweep", "wake_runs"]
 
 
 async def _sweep(rt: Runtime) -> str:
@@ -42,3 +43,17 @@ def cancel_run(self: Task, run_id: str) -> str:
     """Cancel a run: at once if it waits, at its next turn or tool boundary if it runs."""
     rt = Runtime.current(self.app)
     return rt.wait(_cancel(rt, run_id))
+
+
+async def _wake(rt: Runtime, run_ids: list[str]) -> str:
+    rows = await rt.io(resend_turns, rt.db, run_ids)
+    await rt.publish(rows)
+    return f"woke {len(rows)} of {len(run_ids)} runs"
+
+
+@shared_task(name=WAKE_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)
+def wake_runs(self: Task, run_ids: list[str]) -> str:
+    """Send the turns of runs that waited for a provider now its circuit has closed
+    (`tasks.circuit`); those no longer queued are left alone."""
+    rt = Runtime.current(self.app)
+    return rt.wait(_wake(rt, run_ids))

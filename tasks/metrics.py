@@ -17,6 +17,7 @@ hold (runs, open requests, queue depths) is read when the API is scraped instead
 | `relayq_model_cost_total` | agent, provider, model | once prices are known (`set_cost_function`) |
 | `relayq_provider_rate_limited_total` | provider, model, status | 429 and 529 replies |
 | `relayq_provider_limit_wait_seconds` | provider, model | time waited for the provider's capacity |
+| `relayq_provider_circuit_changes_total` | provider, model, state | circuit changes seen here |
 
 A provider is named by its endpoint's host (`api.openai.com`), as the provider
 limiter's labels (`host/model`) name it, never by its key, port or path; a model
@@ -46,9 +47,11 @@ from prometheus_client import Counter, Histogram
 from relayq import InProcessRequest, InProcessResponse, ModelError, Usage
 from relayq._model import Model
 from relayq.agents import Agent
+from relayq.circuit import CircuitChange, CircuitHooks, ProviderDown
 from relayq.providers import ProviderConfig
 from relayq.ratelimit import LimiterHooks, LimitWait, Throttled
 from tasks import tracing
+from tasks.circuit import add_hooks as add_circuit_hooks
 from tasks.limiter import add_hooks
 
 if TYPE_CHECKING:
@@ -114,6 +117,12 @@ LIMIT_WAIT = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 
+CIRCUIT_CHANGES = Counter(
+    "relayq_provider_circuit_changes",
+    "Provider circuit changes this process saw: open, half_open (it probed), closed",
+    ["provider", "model", "state"],
+)
+
 CostFunction = Callable[[Agent, Usage], float | None]
 """What a model call cost, from its agent (its `ProviderConfig`, prices and all) and the
 usage the provider reported; None when the price is not known."""
@@ -169,6 +178,16 @@ class _LimitWaits(LimiterHooks):
 add_hooks(_LimitWaits())
 
 
+class _CircuitChanges(CircuitHooks):
+    """The provider circuits' changes, as `relayq_provider_circuit_changes_total`."""
+
+    def after_change(self, event: CircuitChange) -> None:
+        CIRCUIT_CHANGES.labels(event.host, event.model, event.state).inc()
+
+
+add_circuit_hooks(_CircuitChanges())
+
+
 def count_rate_limited(provider: str, *, model: str = "", status: int = 429) -> None:
     """One reply saying the provider is over its limit (for a provider limiter that
     takes it in; the turn counts those it sees raised)."""
@@ -192,6 +211,10 @@ def observed_model(agent: Agent, model: Model) -> Model:
                 result = "ok"
             except Throttled:
                 result = None
+                raise
+            except ProviderDown as exc:
+                if not exc.called:
+                    result = None  # kept back by the provider's open circuit: no call made
                 raise
             except ModelError as exc:
                 if exc.status in RATE_LIMITED:

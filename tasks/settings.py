@@ -42,6 +42,9 @@ the deployment's. An empty value counts as unset.
 | `RELAYQ_WEBHOOK_TIMEOUT` | `10` | seconds one webhook attempt may take |
 | `RELAYQ_WEBHOOK_CONCURRENCY` | `16` | webhook requests in flight at once per worker process |
 | `RELAYQ_LIMIT_WAIT` | `30` | seconds a turn waits in place for provider limits, else re-queued |
+| `RELAYQ_PROVIDER_OUTAGE_LIMIT` | `3600` | seconds a run waits for a provider that is down |
+| `RELAYQ_PROVIDER_PROBE_EVERY` | `5` | seconds between probe calls to a provider that is down |
+| `RELAYQ_PROVIDER_CIRCUIT` | `1` | `0`: no circuit; outage errors spend the run's retries |
 | `RELAYQ_WORKER_BATCHES` | `serve` | the `-Q` queues' batches: `serve` them too, `skip`, `only` |
 | `RELAYQ_BATCH_POLL` | `2` | seconds between a worker's looks at the store for active batches |
 
@@ -239,6 +242,15 @@ class Settings:
     limit_wait: float = 30.0
     """Seconds a turn may wait in place (an asyncio sleep) for its provider's shared limits
     (`tasks.limiter`); a longer wait sends it back to its queue with a countdown."""
+    provider_outage_limit: float = 3600.0
+    """Seconds a run may wait for a provider whose circuit is open (`tasks.circuit`) before
+    it fails, saying since when the provider has been down."""
+    provider_probe_every: float = 5.0
+    """Seconds between probe calls to a provider whose circuit is open (longer when its
+    5xx asks for longer with Retry-After)."""
+    provider_circuit: bool = True
+    """An unreachable provider, its 5xx and its timeouts open a circuit shared through
+    Redis, and turns wait for it without spending tries; off, they spend the retries."""
     worker_batches: str = "serve"
     """`serve`: a worker consumes its queues and their active batches' queues; `skip`: never
     a batch's (an interactive-only worker); `only`: its queues' batches' and not the queues."""
@@ -299,6 +311,9 @@ class Settings:
             webhook_timeout=src.seconds("webhook_timeout", 10),
             webhook_concurrency=src.read("webhook_concurrency", 16, _count(1)),
             limit_wait=src.seconds("limit_wait", 30),
+            provider_outage_limit=src.seconds("provider_outage_limit", 3600),
+            provider_probe_every=src.seconds("provider_probe_every", 5),
+            provider_circuit=src.flag("provider_circuit", True),
             worker_batches=src.read("worker_batches", "serve", _worker_batches),
             batch_poll=src.seconds("batch_poll", 2),
         )
@@ -364,6 +379,16 @@ class Settings:
             outbox_grace=timedelta(seconds=self.outbox_grace_seconds),
             redeliver_after=timedelta(seconds=self.redeliver_after_seconds),
         )
+
+    @property
+    def redis_url(self) -> str | None:
+        """The broker's Redis, as redis-py names it; None when the broker is not Redis."""
+        url = self.broker_url
+        if url.startswith("redis+socket://"):
+            return "unix://" + url.removeprefix("redis+socket://")
+        if url.startswith(("redis://", "rediss://", "unix://")):
+            return url
+        return None
 
     @property
     def socket_path(self) -> Path:

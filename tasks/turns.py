@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from relayq import _transcript as tx
 from relayq._retry import backoff
 from relayq.agents import Agent, AgentError
 from relayq.budgets import Budget, Spent, next_call, overrun
+from relayq.circuit import ProviderDown, outage_countdown
 from relayq.loop import Journal, Turn, take_turn
 from relayq.ratelimit import Throttled
 from relayq.relay import relay_calls_of
@@ -50,6 +52,7 @@ from store import (
 from store.budgets import Gate, budget_gate
 from store.ledger import LedgerEntry, ledger_put_all
 from store.outbox import TURN_QUEUE, TURN_TASK
+from tasks.circuit import circuit_for, since_text
 from tasks.limiter import limited_model
 from tasks.metrics import cost_of, observed_model, observed_turn
 from tasks.runtime import Runtime
@@ -381,6 +384,8 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
 async def _retry_or_fail(
     rt: Runtime, task: TaskRef | None, claim: Claim, exc: Exception
 ) -> Outcome:
+    if isinstance(exc, ProviderDown):
+        return await _wait_for_provider(rt, task, claim, exc)
     retryable = isinstance(exc, TimeoutError) or (isinstance(exc, ModelError) and exc.retryable)
     error = _describe(exc)
     agent = rt.known_agent(claim.agent)
@@ -414,6 +419,43 @@ async def _give_back(
         return Outcome("skipped: lost the claim")
     await _resend(rt, task, row, 0.0)
     return Outcome(f"given back: the store was unavailable ({exc.reason})", 0.0)
+
+
+# -- provider circuits: a turn whose provider is down goes back to its queue without spending
+# a try, until the circuit closes (it is woken then) or RELAYQ_PROVIDER_OUTAGE_LIMIT. -------
+
+
+async def _wait_for_provider(
+    rt: Runtime, task: TaskRef | None, claim: Claim, exc: ProviderDown
+) -> Outcome:
+    circuit = circuit_for(rt.settings)
+    wait = await circuit.waiting(exc.key, claim.run_id, claim.batch_id, probing=exc.probing)
+    waited = 0.0 if wait is None else time.time() - wait.since
+    limit = rt.settings.provider_outage_limit
+    if waited >= limit:
+        error = (
+            f"provider {exc.provider} down since {since_text(exc.opened_at)} "
+            f"({exc.kind or 'outage'}); the run waited {waited:.0f} s for it, the limit "
+            f"(RELAYQ_PROVIDER_OUTAGE_LIMIT) is {limit:g} s"
+            + (f"; last error: {exc.error}" if exc.error else "")
+        )
+        await rt.io(fail_run, rt.db, claim, error)
+        raise TurnFailed(claim.run_id, error) from None
+    probing = wait is not None and wait.probing
+    countdown = outage_countdown(
+        exc.retry_in, waited, rt.settings.provider_probe_every, limit, probing=probing
+    )
+    agent = rt.known_agent(claim.agent)
+    queue = agent.queue if agent is not None else None
+    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue)
+    if wait is None or not await circuit.still_waiting(exc.key, claim.run_id):
+        countdown = 0.0  # closed (and its runs woken) while this turn went back
+    await _resend(rt, task, row, countdown)
+    return Outcome(
+        f"waiting on provider {exc.provider} since {since_text(exc.opened_at)}: "
+        f"again in {countdown:.1f} s",
+        countdown,
+    )
 
 
 # -- provider limits: a turn whose provider has no capacity for longer than it may wait

@@ -189,11 +189,15 @@ class ProviderModel:
             response = await self._sessions.post(data.encode(), headers)
         except TimeoutError:  # first: a timeout is one of UNREACHABLE's kinds too
             raise ModelError(
-                f"{where} timed out after {self.config.timeout:g} s", retryable=True
+                f"{where} timed out after {self.config.timeout:g} s",
+                retryable=True,
+                unanswered="timeout",
             ) from None
         except UNREACHABLE as exc:
             raise ModelError(
-                f"{where} unreachable: {safe_text(redact(str(exc), key))}", retryable=True
+                f"{where} unreachable: {safe_text(redact(str(exc), key))}",
+                retryable=True,
+                unanswered="unreachable",
             ) from None
         if response.status >= 400:
             raise _error(response, where, key, request)

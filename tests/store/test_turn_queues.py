@@ -17,7 +17,8 @@ from store import (
     sweep,
 )
 from store.models import utcnow
-from store.outbox import TURN_QUEUE
+from store.outbox import TURN_QUEUE, resend_turns, task_id_of
+from store.turns import requeue_turn
 from tests.relayq.scripted import text
 
 from .driver import LEASE, model_of, relay_kit, relay_turn, run_turn
@@ -70,3 +71,25 @@ async def test_the_turn_after_an_answer_goes_where_the_run_went(db: Database):
 
     # Then the next turn goes to the run's queue
     assert row.queue == VIP
+
+
+def test_runs_woken_from_a_wait_are_sent_again_at_once_and_only_those_still_queued(db: Database):
+    # Given two runs waiting out a countdown for their provider, and one that is running
+    for run_id in ("run_w1", "run_w2", "run_r"):
+        create_run(db, run_id=run_id, agent="a", prompt="p", conversation_id=None, queue=VIP)
+    waiting = []
+    for run_id in ("run_w1", "run_w2"):
+        claim = claim_turn(db, run_id, 0, task_id=f"t-{run_id}", lease=LEASE)
+        assert claim is not None
+        waiting.append(requeue_turn(db, claim, countdown=200.0))
+    assert claim_turn(db, "run_r", 0, task_id="t-run_r", lease=LEASE) is not None
+
+    # When they are woken
+    rows = resend_turns(db, ["run_w1", "run_w2", "run_r", "run_unknown"], chunk=1)
+
+    # Then each waiting run's turn message goes again now, as a new send on its queue,
+    # and the claim it names is the one the countdown's message names
+    assert sorted(str(r.run_id) for r in rows) == ["run_w1", "run_w2"]
+    assert {(r.countdown, r.queue, r.sends) for r in rows} == {(0.0, VIP, 1)}
+    assert sorted(r.args for r in rows) == sorted(w.args for w in waiting)
+    assert {task_id_of(r) for r in rows}.isdisjoint(task_id_of(w) for w in waiting)

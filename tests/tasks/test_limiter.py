@@ -12,8 +12,6 @@ import json
 import socket
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 from sqlalchemy import event
 
 from relayq import Agent, InProcessRequest, InProcessResponse, ModelError, Usage, define_tool
+from relayq.circuit import CircuitModel
 from relayq.providers import ProviderConfig, ProviderModel
 from relayq.ratelimit import LimitCounters, LimitedModel, ProviderLimits, Throttled
 from tasks import DurableClient, Settings
@@ -29,17 +28,6 @@ from tests.brokers import PrivateRedis
 from tests.provider_server import API_KEY, ProviderServer, error, openai_calls, openai_text
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
-    with PrivateRedis(tmp_path_factory.mktemp("limiter-redis")) as server:
-        yield server
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"test-{uuid.uuid4().hex[:8]}:"
 
 
 @pytest.fixture
@@ -241,13 +229,19 @@ def test_a_process_has_one_limiter_on_its_brokers_redis(tmp_path):
     assert not isinstance(limiter_for(other), RedisLimiter), "no Redis: no shared limits"
 
 
+def unwrapped(model: Any) -> Any:
+    """The limited model inside the provider's circuit (`tasks.circuit`)."""
+    assert isinstance(model, CircuitModel), "every provider's calls go through its circuit"
+    return model.model
+
+
 def test_a_turn_waits_in_place_up_to_the_setting_and_half_its_time_limit(tmp_path):
     settings = Settings.from_env({"RELAYQ_HOME": str(tmp_path), "RELAYQ_LIMIT_WAIT": "12"})
     config = ProviderConfig(base_url="http://127.0.0.1:9/v1", model="m", max_in_flight=2)
     agent = Agent("limits-waits", config, register=False)
 
-    long_turn = limited_model(settings, agent, 600)
-    short_turn = limited_model(settings, agent, 10)
+    long_turn = unwrapped(limited_model(settings, agent, 600))
+    short_turn = unwrapped(limited_model(settings, agent, 10))
 
     assert isinstance(long_turn, LimitedModel)
     assert isinstance(short_turn, LimitedModel)
@@ -262,7 +256,7 @@ def test_a_provider_without_limits_is_only_watched_and_a_plain_model_left_alone(
     )
     plain = Agent("limits-plain", lambda req: InProcessResponse(content="x"), register=False)
 
-    model = limited_model(settings, watched, 600)
+    model = unwrapped(limited_model(settings, watched, 600))
 
     assert isinstance(model, LimitedModel)
     assert not isinstance(model.limiter, RedisLimiter), "no Redis round trip for it"
