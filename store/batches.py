@@ -268,7 +268,7 @@ def _start_chunk(
             if job in runs_now:
                 _replace(s, runs_now[job], run_id, now)
         s.flush()
-        outbox = insert_runs(
+        written = insert_runs(
             s.connection(),
             agent=plan.agent,
             runs=runs,
@@ -281,7 +281,7 @@ def _start_chunk(
         )
         batch.jobs += sum(1 for _, job, _ in todo if job not in runs_now)
     made = {job: run_id for (_, job, _), (run_id, _) in zip(todo, runs, strict=True)}
-    return runs_now | made, list(made), outbox
+    return runs_now | made, list(made), written.rows()
 
 
 def _runs_of_jobs(s: Session, batch_id: str, jobs: Iterable[str]) -> dict[str, str]:

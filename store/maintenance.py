@@ -10,8 +10,8 @@ Each sweep, from the store alone (it is the source of truth):
   beats have been steady (`heartbeats_steady`: after the store was down or
   locked, every worker's beat is stale, and none of them is dead for it);
 - re-queues the sweeping worker's own claims that none of its tasks holds
-  (`working`): a task that ended on an error without giving its run back;
-  never one of its claims that a task still works on;
+  (`working`): a task that ended on an error without giving its run back,
+  counted as a crash; never one of its claims that a task still works on;
 - sends again what was committed but never sent (a process died between
   commit and publish);
 - sends again what was sent but lost: the turn of a run still queued at that
@@ -166,8 +166,10 @@ def _requeue_abandoned(
         if run.worker is not None and run.worker == worker:
             if run.id in held:
                 continue
-            # Ours, and no task of ours holds it: given back, no try or crash counted.
-            move(s, run, "queued", now=now)
+            # Ours, and no task of ours holds it: its task ended without giving it back
+            # (a claim whose commit it never heard of, or a fault). Counted as a crash,
+            # so that a turn that always ends so cannot loop for ever (RELAYQ_CRASH_LIMIT).
+            move(s, run, "queued", now=now, crashes=ONE_MORE_CRASH)
             report.freed.append(run.id)
         elif _abandoned(run, live, now):
             # Its worker died holding it: that try counts.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "TURN_QUEUE",
     "TURN_TASK",
     "enqueue_answer",
+    "FirstTurns",
     "enqueue_first_turns",
     "enqueue_turn",
     "is_first_turn",
@@ -110,9 +112,27 @@ def enqueue_turn(
     return OutboxRow(id=row_id, **values)
 
 
+@dataclass(frozen=True)
+class FirstTurns:
+    """First turn messages written: `rows()` builds them as OutboxRows once their
+    transaction has committed (building a thousand costs more than writing them, and no
+    write lock need be held meanwhile)."""
+
+    ids: list[int]
+    values: list[dict[str, Any]]
+
+    def rows(self) -> list[OutboxRow]:
+        return [
+            OutboxRow(id=row_id, **row) for row_id, row in zip(self.ids, self.values, strict=True)
+        ]
+
+
+NO_FIRST_TURNS = FirstTurns([], [])
+
+
 def enqueue_first_turns(
     conn: Session | Connection, run_ids: list[str], labels: list[str], *, queue: str
-) -> list[OutboxRow]:
+) -> FirstTurns:
     """The first turn messages of runs just created, all on `queue`, in one statement:
     new runs have no earlier rows to delete, nor a batch queue to keep other than `queue`."""
     now = utcnow()
@@ -129,8 +149,7 @@ def enqueue_first_turns(
         }
         for run_id, label in zip(run_ids, labels, strict=True)
     ]
-    ids = conn.execute(_INSERT_MANY, values).scalars().all()
-    return [OutboxRow(id=row_id, **row) for row_id, row in zip(ids, values, strict=True)]
+    return FirstTurns(list(conn.execute(_INSERT_MANY, values).scalars().all()), values)
 
 
 def turn_label(run_id: str, agent: str, turn: int) -> str:

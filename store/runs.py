@@ -23,7 +23,14 @@ from store.errors import UnknownRun
 from store.events import emit
 from store.messages import conversation, message_row, message_values
 from store.models import FINISHED, OutboxRow, RunRow, utcnow
-from store.outbox import TURN_QUEUE, enqueue_first_turns, enqueue_turn, turn_label
+from store.outbox import (
+    NO_FIRST_TURNS,
+    TURN_QUEUE,
+    FirstTurns,
+    enqueue_first_turns,
+    enqueue_turn,
+    turn_label,
+)
 from store.requests import cancel_requests
 from store.transitions import move
 
@@ -149,7 +156,7 @@ def create_runs(
     outbox: list[OutboxRow] = []
     for part in chunked(db, range(len(runs))):
         with db.transaction() as conn:
-            outbox += insert_runs(
+            written = insert_runs(
                 conn,
                 agent=agent,
                 runs=[runs[n] for n in part],
@@ -160,6 +167,7 @@ def create_runs(
                 jobs=None if placed is None else [placed[n] for n in part],
                 budget=budget,
             )
+        outbox += written.rows()
     return outbox
 
 
@@ -174,11 +182,11 @@ def insert_runs(
     batch_id: str | None = None,
     jobs: list[tuple[int, str]] | None = None,
     budget: dict[str, Any] | None = None,
-) -> list[OutboxRow]:
+) -> FirstTurns:
     """Insert queued runs, their prompts and first turns' messages on `conn`; `jobs` is
     (index, job id) per run, for a batch's; `budget` is each run's own."""
     if not runs:
-        return []
+        return NO_FIRST_TURNS
     now = utcnow()
     placed: list[tuple[int | None, str | None]] = list(jobs) if jobs else [(None, None)] * len(runs)
     # One row built and validated; the others are its values with their own ids (building

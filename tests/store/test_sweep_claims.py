@@ -1,10 +1,11 @@
 """Issue 19: whose claims a sweeper takes, and whose it frees. Time is passed in, never slept.
 
 A worker never takes its own claims for a dead worker's; those of them that no
-task of its holds (a task that ended on an error without giving its run
-back) it frees at once, with no crash counted. A stale heartbeat counts as a
-death only while the sweeper's own heartbeats have been steady: after the
-store was down or locked, no worker could beat.
+task of its holds (a task that ended on an error without giving its run back)
+it frees at once, counted as a crash (a turn that always ends so must not loop
+for ever). A stale heartbeat counts as a death only while the sweeper's own
+heartbeats have been steady: after the store was down or locked, no worker
+could beat.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def test_a_claim_of_the_sweeping_worker_that_a_task_holds_is_left_alone_however_
     assert get_run(db, "run_1").status == "running"
 
 
-def test_a_claim_of_the_sweeping_worker_that_no_task_holds_is_freed_with_no_crash_counted(
+def test_a_claim_of_the_sweeping_worker_that_no_task_holds_is_freed_as_a_crash(
     db: Database,
 ):
     version = claimed_by(db, ME)
@@ -57,7 +58,7 @@ def test_a_claim_of_the_sweeping_worker_that_no_task_holds_is_freed_with_no_cras
 
     assert (report.freed, report.requeued) == (["run_1"], [])
     run = get_run(db, "run_1")
-    assert (run.status, run.crashes, run.version) == ("queued", 0, version + 1)
+    assert (run.status, run.crashes, run.version) == ("queued", 1, version + 1)
     [row] = report.outbox
     assert row.args == ["run_1", version + 1]
 
