@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import os
 import signal
 import statistics
@@ -33,15 +32,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func
+from sqlalchemy import event, func
 from sqlmodel import col, select
 
 from bench.inflight import bench_env, bench_store, drop_postgres, free_port, start_worker
 from bench.inflight import wait_ready as worker_ready
-from store import Database, LedgerRow, RunRow, StoreUnavailable, start_batch
+from store import Database, LedgerRow, RunRow, StoreUnavailable, runs, start_batch
 from tasks import DurableClient, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,9 +53,9 @@ class Figures:
     mode: str
     jobs: int
     start_seconds: float
-    longest_chunk: float
-    """The longest of the start's transactions with the pause before it, in seconds (the
-    whole start, in one)."""
+    longest_hold: float
+    """Seconds the start's longest transaction held the write lock."""
+    median_hold: float
     idle: list[float]
     during: list[float]
     crashed: int
@@ -64,7 +63,6 @@ class Figures:
     repeated_tools: int
     failed: int
     refused: int
-    chunks: list[float] = field(default_factory=list)
 
     @staticmethod
     def p50(seconds: list[float]) -> float:
@@ -119,18 +117,21 @@ class Interactive:
         self._stop.set()
 
 
-def _start(db: Database, jobs: list[tuple[str, str]], chunk: int) -> tuple[float, list[float]]:
-    """Start the batch; its length and each chunk's, in seconds."""
-    marks = [time.perf_counter()]
-    start_batch(
-        db,
-        agent="bench",
-        jobs=jobs,
-        started_by="bench",
-        chunk=chunk,
-        on_chunk=lambda rows: marks.append(time.perf_counter()),
-    )
-    return marks[-1] - marks[0], [b - a for a, b in itertools.pairwise(marks)]
+def _start(url: str, jobs: list[tuple[str, str]], chunk: int) -> tuple[float, list[float]]:
+    """Start the batch on a store connection of its own; its length, and how long each of
+    its transactions held the write lock, in seconds (from BEGIN's return to COMMIT)."""
+    db = Database(url)
+    held: list[float] = []
+    began: list[float] = []
+    # After the store's own "begin" listener: BEGIN IMMEDIATE has taken the lock.
+    event.listen(db.engine, "begin", lambda conn: began.append(time.perf_counter()))
+    event.listen(db.engine, "commit", lambda conn: held.append(time.perf_counter() - began[-1]))
+    try:
+        since = time.perf_counter()
+        start_batch(db, agent="bench", jobs=jobs, started_by="bench", chunk=chunk)
+        return time.perf_counter() - since, held
+    finally:
+        db.dispose()
 
 
 def _costs(db: Database, run_ids: list[str]) -> tuple[int, int]:
@@ -166,7 +167,7 @@ async def measure(
         start_from = time.perf_counter()
         jobs = [(f"job-{n}", f"big job {n}") for n in range(args.jobs)]
         chunk = len(jobs) if mode == "whole" else args.chunk
-        start_seconds, chunks = await asyncio.to_thread(_start, client.db, jobs, chunk)
+        start_seconds, held = await asyncio.to_thread(_start, settings.database_url, jobs, chunk)
         start_until = time.perf_counter()
         hosts.stop()
         await going
@@ -176,7 +177,8 @@ async def measure(
             mode=mode,
             jobs=args.jobs,
             start_seconds=start_seconds,
-            longest_chunk=max(chunks, default=start_seconds),
+            longest_hold=max(held, default=start_seconds),
+            median_hold=statistics.median(held) if held else start_seconds,
             idle=hosts.within(idle_from, start_from),
             during=hosts.overlapping(start_from, start_until),
             crashed=crashed,
@@ -184,7 +186,6 @@ async def measure(
             repeated_tools=repeated,
             failed=hosts.failed,
             refused=hosts.refused,
-            chunks=chunks,
         )
     finally:
         hosts.stop()
@@ -222,18 +223,20 @@ def print_table(figures: list[Figures], args: argparse.Namespace) -> None:
     print(
         f"\n{os.cpu_count()} cores; {args.in_flight} interactive runs in flight of {args.turns} "
         f"turns, model latency {args.latency:g} s; a batch of {args.jobs} jobs started beside "
-        "them (chunked: the way every start goes now; whole: one transaction, as before)\n"
+        f"them (chunked: {args.chunk} jobs a transaction, {args.pause:g} s apart, the way "
+        "every start goes now; whole: one transaction, as before)\n"
     )
     print(
-        "| store | start | started in s | longest chunk s | idle runs | idle p50 ms "
+        "| store | start | started in s | lock held s, median | longest | idle runs | idle p50 ms "
         "| runs during | p50 during ms | p50 ratio | host calls refused | claims lost "
         "| tool calls repeated | runs failed |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in figures:
         ratio = f.p50(f.during) / f.p50(f.idle) if f.idle and f.during else float("nan")
         print(
-            f"| {f.store} | {f.mode} | {f.start_seconds:.1f} | {f.longest_chunk:.2f} "
+            f"| {f.store} | {f.mode} | {f.start_seconds:.1f} | {f.median_hold:.2f} "
+            f"| {f.longest_hold:.2f} "
             f"| {len(f.idle)} | {f.p50(f.idle):.0f} | {len(f.during)} | {f.p50(f.during):.0f} "
             f"| {ratio:.2f}x | {f.refused} | {f.crashed + f.lost_claims} | {f.repeated_tools} "
             f"| {f.failed} |"
@@ -246,7 +249,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add = parser.add_argument
     add("--jobs", type=int, default=100_000, help="jobs in the batch started")
-    add("--chunk", type=int, default=1000, help="jobs a transaction, chunked (store.runs.CHUNK)")
+    add("--chunk", type=int, default=runs.CHUNK, help="jobs a transaction, chunked")
+    add("--pause", type=float, default=runs.CHUNK_PAUSE, help="seconds between chunks")
     add("--in-flight", type=int, default=10, help="interactive runs going on at once")
     add("--turns", type=int, default=3, help="model turns per interactive run")
     add("--latency", type=float, default=0.2, help="seconds the model takes per call")
@@ -258,6 +262,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    # A lever to measure: the pause every chunked start makes on SQLite, in this process.
+    runs.CHUNK_PAUSE = args.pause
     base = Path(tempfile.mkdtemp(prefix="rq-bench-start-"))
     figures = [
         f

@@ -34,7 +34,7 @@ from sqlalchemy.exc import OperationalError as DatabaseError
 from cli._workers import Serving, ping_broker, queue_of, workers_on
 from relayq import Budget, RelayqError
 from relayq.agents import AgentError, load_agents, registered_agents
-from store import Database
+from store import Database, StoreUnavailable
 from tasks.client import DurableClient
 from tasks.settings import QUEUES, Settings
 
@@ -144,6 +144,9 @@ def user_errors(current: Settings | None = None) -> Iterator[None]:
     """
     try:
         yield
+    except StoreUnavailable as exc:
+        where = exc.address if current is None else database_shown(current.database_url)
+        fail(f"cannot use the database at {where} (RELAYQ_DATABASE_URL): {exc.reason}")
     except RelayqError as exc:
         fail(str(exc))
     except DatabaseError as exc:

@@ -26,6 +26,7 @@ __all__ = [
     "CANCEL_TASK",
     "MAINTENANCE_QUEUE",
     "SWEEP_TASK",
+    "WAKE_TASK",
     "TURN_QUEUE",
     "TURN_TASK",
     "enqueue_answer",
@@ -46,6 +47,8 @@ TURN_TASK, TURN_QUEUE = "relayq.run_turn", "relayq.turns"
 ANSWER_TASK, ANSWER_QUEUE = "relayq.submit_answer", "relayq.answers"
 CANCEL_TASK = "relayq.cancel_run"
 SWEEP_TASK = "relayq.sweep"
+WAKE_TASK = "relayq.wake_runs"
+"""Runs that waited on a provider's circuit, sent on once it closed (`tasks.circuit`)."""
 MAINTENANCE_QUEUE = "relayq.maintenance"
 
 

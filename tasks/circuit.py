@@ -57,7 +57,7 @@ from relayq.circuit import (
     Wait,
 )
 from relayq.ratelimit import ProviderLimits
-from store.outbox import MAINTENANCE_QUEUE
+from store.outbox import MAINTENANCE_QUEUE, WAKE_TASK
 from tasks.settings import Settings
 
 __all__ = [
@@ -75,7 +75,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-WAKE_TASK = "relayq.wake_runs"
 REFRESH = 1.0
 """Seconds a process trusts the circuit state it last read, before it asks Redis again."""
 _WAKE_CHUNK = 500

@@ -76,6 +76,7 @@ from store.outbox import (
     SWEEP_TASK,
     TURN_QUEUE,
     TURN_TASK,
+    WAKE_TASK,
 )
 from tasks.webhooks import DEFAULT_PUBLIC_URL, Endpoint, parse_public_url, parse_webhooks
 
@@ -414,6 +415,7 @@ class Settings:
                 ANSWER_TASK: {"queue": ANSWER_QUEUE},
                 CANCEL_TASK: {"queue": MAINTENANCE_QUEUE},
                 SWEEP_TASK: {"queue": MAINTENANCE_QUEUE},
+                WAKE_TASK: {"queue": MAINTENANCE_QUEUE},
             },
             "task_serializer": "json",
             "accept_content": ["json"],

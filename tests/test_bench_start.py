@@ -22,7 +22,7 @@ def test_a_batch_started_beside_interactive_runs_costs_them_no_claim_and_no_tool
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| sqlite")]
     assert [row[1] for row in rows] == ["chunked", "whole"]
     for row in rows:
-        idle_runs, during_runs = int(row[4]), int(row[6])
+        idle_runs, during_runs = int(row[5]), int(row[7])
         assert idle_runs > 0
         assert during_runs > 0
         claims_lost, repeated, failed = row[-3], row[-2], row[-1]

@@ -18,6 +18,7 @@ TASKS = {
     "relayq.submit_answer": "relayq.answers",
     "relayq.cancel_run": "relayq.maintenance",
     "relayq.sweep": "relayq.maintenance",
+    "relayq.wake_runs": "relayq.maintenance",
 }
 
 
@@ -58,7 +59,7 @@ def test_task_events_wait_for_flower_unless_asked_for_from_the_start(config: dic
     assert eager["worker_send_task_events"] is True
 
 
-async def test_the_running_worker_registers_exactly_the_four_relayq_tasks(client: DurableClient):
+async def test_the_running_worker_registers_exactly_the_five_relayq_tasks(client: DurableClient):
     replies = client.app.control.inspect(timeout=10, limit=1).registered()
 
     assert replies is not None, "the worker answered"
