@@ -12,6 +12,7 @@ a long transaction elsewhere never stops the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -37,11 +38,9 @@ class StoreCalls:
 
     async def __call__(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if self.inline:
-            try:
-                with impatient():
-                    return fn(*args, **kwargs)
-            except StoreBusy:
-                pass  # another process holds the lock: wait for it on a thread
+            # StoreBusy: another process holds the lock; the call waits for it on a thread.
+            with contextlib.suppress(StoreBusy), impatient():
+                return fn(*args, **kwargs)
         return await self.offload(fn, *args, **kwargs)
 
     async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
