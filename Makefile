@@ -27,8 +27,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The suite runs on TEST_WORKERS pytest-xdist lanes (tests/lanes.py): most of it waits on
+# workers, brokers and browsers, not on a core. It ends with its slowest 20 tests.
+TEST_WORKERS ?= 6
+
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --durations=20
 
 # `make demo DEMO=--keep` keeps the worker, the API and Flower running afterwards.
 demo: $(STAMP)

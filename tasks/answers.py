@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Task, shared_task
 
 from store import apply_answer_of
-from store.outbox import ANSWER_QUEUE, ANSWER_TASK
+from store.outbox import ANSWER_TASK
 from tasks.runtime import Runtime
 from tasks.tracing import resumed
 
@@ -21,9 +21,7 @@ async def apply_answer(rt: Runtime, request_id: str) -> str:
     return "resumed" if outbox else "skipped: already applied or run not pending"
 
 
-@shared_task(
-    name=ANSWER_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, queue=ANSWER_QUEUE
-)
+@shared_task(name=ANSWER_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def submit_answer(self: Task, request_id: str) -> str:
     """Apply the stored answer of `request_id`; a second delivery finds it applied and stops."""
     rt = Runtime.current(self.app)

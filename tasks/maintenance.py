@@ -6,7 +6,7 @@ from celery import Task, shared_task
 
 from store import StoreUnavailable
 from store import cancel_run as cancel_stored_run
-from store.outbox import CANCEL_TASK, MAINTENANCE_QUEUE, SWEEP_TASK, resend_turns
+from store.outbox import CANCEL_TASK, SWEEP_TASK, resend_turns
 from tasks.circuit import WAKE_TASK
 from tasks.runtime import Runtime
 
@@ -31,14 +31,14 @@ async def _cancel(rt: Runtime, run_id: str) -> str:
     return await rt.patiently(cancel_stored_run, rt.db, run_id)
 
 
-@shared_task(name=SWEEP_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)
+@shared_task(name=SWEEP_TASK, bind=True, acks_late=True)
 def sweep(self: Task) -> str:
     """Re-send lost messages, re-queue runs whose worker vanished, expire overdue requests."""
     rt = Runtime.current(self.app)
     return rt.wait(_sweep(rt))
 
 
-@shared_task(name=CANCEL_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)
+@shared_task(name=CANCEL_TASK, bind=True, acks_late=True)
 def cancel_run(self: Task, run_id: str) -> str:
     """Cancel a run: at once if it waits, at its next turn or tool boundary if it runs."""
     rt = Runtime.current(self.app)
@@ -51,7 +51,7 @@ async def _wake(rt: Runtime, run_ids: list[str]) -> str:
     return f"woke {len(rows)} of {len(run_ids)} runs"
 
 
-@shared_task(name=WAKE_TASK, bind=True, acks_late=True, queue=MAINTENANCE_QUEUE)
+@shared_task(name=WAKE_TASK, bind=True, acks_late=True)
 def wake_runs(self: Task, run_ids: list[str]) -> str:
     """Send the turns of runs that waited for a provider now its circuit has closed
     (`tasks.circuit`); those no longer queued are left alone."""

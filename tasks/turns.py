@@ -51,7 +51,7 @@ from store import (
 )
 from store.budgets import Gate, budget_gate
 from store.ledger import LedgerEntry, ledger_put_all
-from store.outbox import TURN_QUEUE, TURN_TASK
+from store.outbox import TURN_TASK
 from tasks.circuit import circuit_for, since_text
 from tasks.limiter import limited_model
 from tasks.metrics import cost_of, observed_model, observed_turn
@@ -536,9 +536,7 @@ def _describe(exc: BaseException) -> str:
     return describe_error(exc)
 
 
-@shared_task(
-    name=TURN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, queue=TURN_QUEUE
-)
+@shared_task(name=TURN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_turn(self: Task, run_id: str, version: int) -> str:
     """One model turn of run `run_id`, if the run is still at `version`."""
     rt = Runtime.current(self.app)

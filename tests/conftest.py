@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -80,6 +81,20 @@ def pytest_configure(config: pytest.Config) -> None:
             f"{REQUIRE} names {', '.join(unknown)}; it takes {', '.join(PARTS)}"
         )
     config.stash[_PARTS] = Parts(required=names)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lane_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """RELAYQ_HOME for whatever a test starts without a home of its own: this lane's
+    folder (tests.lanes), not the checkout's `.relayq` that every lane would share."""
+    home = tmp_path_factory.mktemp("relayq-home")
+    before = os.environ.get("RELAYQ_HOME")
+    os.environ["RELAYQ_HOME"] = str(home)
+    yield home
+    if before is None:
+        os.environ.pop("RELAYQ_HOME", None)
+    else:
+        os.environ["RELAYQ_HOME"] = before
 
 
 @pytest.fixture(scope="session")

@@ -18,12 +18,13 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from tests.ports import free_port
 
 __all__ = ["PrivatePostgres", "postgres_binaries"]
 
@@ -39,12 +40,6 @@ def postgres_binaries() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PrivatePostgres:
     """A PostgreSQL cluster of its own on 127.0.0.1:<free port>."""
 
@@ -53,7 +48,7 @@ class PrivatePostgres:
         if binaries is None:
             raise RuntimeError("no initdb and pg_ctl on this machine")
         self.bin = binaries
-        self.port = _free_port()
+        self.port = free_port()
         # Not under pytest's tmp_path: as root that is closed to the `postgres` user.
         self.folder = Path(tempfile.mkdtemp(prefix="relayq-pg-"))
         self.data = self.folder / "data"

@@ -8,7 +8,6 @@ receiver = Receiver(port=p, fail_first=True).start()   # 500 to an event's first
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,13 +28,6 @@ class Received:
 
     def json(self) -> Any:
         return json.loads(self.body)
-
-
-def free_port() -> int:
-    """A port nothing listens on (now): the address of a receiver that is down."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Receiver:

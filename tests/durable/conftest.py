@@ -1,7 +1,8 @@
 """Real parts for the durable tests: a Redis, a database, and Celery workers in other processes.
 
-Redis: the machine's server (127.0.0.1:6379) when it answers, on its own db
-number and under a key prefix of this session only; else the embedded one.
+Redis: the machine's server (127.0.0.1:6379) when it answers, on the db
+number of this xdist lane (tests.lanes) and under key prefixes of this session
+only; else an embedded one of the lane's own.
 Databases: a SQLite file, and a PostgreSQL database created for the session
 and dropped after it when a server answers on 127.0.0.1:5432 (the postgresql
 half is marked `postgres` and skipped without one). Where `RELAYQ_REQUIRE`
@@ -33,13 +34,13 @@ import redis
 import tests.durable.agents  # noqa: F401  (the host knows the agents, as a real one would)
 from store import Database
 from tasks import DurableClient, Settings
+from tests.lanes import redis_db
 from workers.embedded import ensure_embedded_redis, stop_embedded_redis
 
 if TYPE_CHECKING:
     from tests.conftest import Parts
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS_DB = int(os.environ.get("RELAYQ_TEST_REDIS_DB", "13"))
 PG_ADMIN = os.environ.get("RELAYQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -70,7 +71,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory, machine_parts: Parts) -> It
     # RELAYQ_TEST_EMBEDDED=1 tries the embedded broker, as on a machine without Redis.
     embedded = bool(os.environ.get("RELAYQ_TEST_EMBEDDED"))
     if not embedded and _port_open("127.0.0.1", 6379):
-        b = Broker(url=f"redis://127.0.0.1:6379/{REDIS_DB}")
+        b = Broker(url=f"redis://127.0.0.1:6379/{redis_db()}")
         yield b
         conn = b.client()
         for prefix in b.prefixes:

@@ -3,8 +3,6 @@ started with `-Q` naming it runs them."""
 
 from __future__ import annotations
 
-import asyncio
-
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import OutboxRow
 from tasks import DurableClient
@@ -27,9 +25,11 @@ async def test_an_agents_turns_run_only_on_a_worker_listening_on_its_queue(
     try:
         # When a run of the agent is started, its first turn waits on the agent's queue
         run_id = await client.start("vip", prompt)
-        await asyncio.sleep(1.5)
-        assert (await client.result(run_id)).status == "queued"
         assert "which this worker does not consume" in general.worker.logfile.read_text()
+        # ... while a run started after it, on relayq's own queue, has come and gone
+        later = await client.start("two-step", f"{prompt} after")
+        assert (await client.result(later, wait=True, timeout=30)).status == "done"
+        assert (await client.result(run_id)).status == "queued"
 
         # Then a worker started on that queue alone (same broker prefix) runs it ...
         spare_workers._launch({**general.env, "RELAYQ_TEST_WORKER": "vip"}, ("-Q", VIP_QUEUE))

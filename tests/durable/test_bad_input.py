@@ -35,6 +35,7 @@ from relayq.limits import (
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
 from tasks import DurableClient
 from tests.durable.bad_input_agents import SYSTEM_PROMPT
+from tests.ports import free_port
 from tests.processes import stop_group
 from tests.provider_server import API_KEY, ProviderServer, Reply
 
@@ -400,17 +401,10 @@ async def test_a_model_text_holding_a_nul_finishes_the_run_on_either_database(
 # -- rule 5: no token in the access log -------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def api_process(durable: Durable, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """`relayq api` as a real process, its output (uvicorn's logs) in a file."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "api.log"
     env = {**durable.env, "RELAYQ_API_TOKENS": TOKENS, "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:

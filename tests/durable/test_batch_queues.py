@@ -165,7 +165,6 @@ async def test_a_batch_started_with_no_worker_waits_at_low_priority_until_one_st
     lengths = [conn.llen(prefix + key) for key in priority_lists(queue)]
     conn.close()
     assert lengths == [0, 0, 0, 4]
-    await asyncio.sleep(1.0)
     assert await finished(client, started_batch.batch_id) == 0
     # ... and the metrics show its backlog as a queue of its own
     assert depths(place)[queue] == 4
@@ -181,10 +180,11 @@ async def test_a_worker_takes_a_new_batch_at_once_not_at_its_next_look_at_the_st
     place: Place, tag: str, eventually: Eventually
 ):
     # Given a worker that looks at the store for active batches only once a minute, and
-    # has had its first look
-    place.worker(RELAYQ_BATCH_POLL="60")
-    await asyncio.sleep(1.0)
+    # has had its first look: it found a batch started before it, and ran it
     client = place.client()
+    before = await client.start_batch("paced", jobs(tag, "before", 1))
+    place.worker(RELAYQ_BATCH_POLL="60")
+    await eventually(done_within(client, before.batch_id, 1), timeout=20, what="the first look")
 
     # When a batch starts
     batch = await client.start_batch("paced", jobs(tag, "j", 2))
@@ -200,22 +200,29 @@ async def test_a_retried_batch_turn_goes_back_to_its_queue_at_the_batch_priority
     broker = PrivateRedis(tmp_path / "redis").start()
     place.env["RELAYQ_BROKER_URL"] = broker.url
     pushed: list[str] = []
-    watching = threading.Thread(target=_note_pushes, args=(broker, pushed), daemon=True)
+    listening = threading.Event()
+    watching = threading.Thread(target=_note_pushes, args=(broker, pushed, listening), daemon=True)
     watching.start()
     try:
+        assert await asyncio.to_thread(listening.wait, 10), "MONITOR did not start"
         # When a batch runs whose model is rate limited twice for each job (each turn
         # retried by the worker as a retry of its Celery task)
         worker = place.worker()
         client = place.client()
         batch = await client.start_batch("flaky", jobs(tag, "j", 2))
         await eventually(done_within(client, batch.batch_id, 2), timeout=30, what="the batch")
+        queue = place.env["RELAYQ_KEY_PREFIX"] + batch_queue_name(TURNS, batch.batch_id)
+        # MONITOR streams every command: under load its reader may lag the worker
+        await eventually(
+            lambda: sum(key.startswith(queue) for key in pushed) >= 6, what="six pushes"
+        )
         worker.worker.stop()
     finally:
         broker.stop()
-    watching.join(timeout=5)
+    watching.join(timeout=30)
+    assert not watching.is_alive(), "MONITOR's reader did not see the broker stop"
 
     # Then each try went to the batch's queue at its lowest priority: 2 first, 4 retries
-    queue = place.env["RELAYQ_KEY_PREFIX"] + batch_queue_name(TURNS, batch.batch_id)
     mine = [key for key in pushed if key.startswith(queue)]
     assert mine == [queue + "\\x06\\x169"] * 6, pushed
 
@@ -339,7 +346,9 @@ async def test_a_batch_goes_on_after_the_broker_restarts_empty(
         batch = await client.start_batch("paced", jobs(tag, "batch", 12))
         await eventually(lambda: len(place.calls(tag)) >= 2, what="the batch to start")
 
-        # When the broker dies and comes back with nothing in it
+        # When the broker dies and comes back with nothing in it a second later (the
+        # outage's length is the scenario: a worker with every slot taken reads nothing
+        # from the broker, so it has no event to wait for)
         broker.kill()
         await asyncio.sleep(1.0)
         broker.restart_empty()
@@ -494,12 +503,13 @@ def depths(place: Place) -> dict[str, float]:
     return {s.labels["queue"]: s.value for s in families["relayq_queue_depth"].samples}
 
 
-def _note_pushes(broker: PrivateRedis, pushed: list[str]) -> None:
+def _note_pushes(broker: PrivateRedis, pushed: list[str], listening: threading.Event) -> None:
     """Note the list each LPUSH the broker serves pushes to (as Redis's MONITOR shows it),
-    until the broker stops."""
+    until the broker stops; `listening` is set once MONITOR is on."""
     try:
         # No socket timeout: MONITOR waits in silence while nothing is pushed.
         with redis.Redis(host="127.0.0.1", port=broker.port).monitor() as monitor:
+            listening.set()
             for command in monitor.listen():
                 words = str(command["command"]).split(" ")
                 if words[0] == "LPUSH":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from tasks import DurableClient, Settings
 from tasks.settings import MAX_COUNTDOWN
 from workers.config import celery_config
 
-from .conftest import SpareWorkers
+from .conftest import ROOT, SpareWorkers
 
 TASKS = {
     "relayq.run_turn": "relayq.turns",
@@ -50,6 +52,23 @@ def test_the_three_queues_are_declared_and_every_task_is_routed_to_its_own(
 ):
     assert {q.name for q in config["task_queues"]} == set(TASKS.values())
     assert {name: route["queue"] for name, route in config["task_routes"].items()} == TASKS
+
+
+def test_the_tasks_are_routed_by_the_config_alone_with_no_deprecated_task_attribute():
+    # A task's own `queue=` is deprecated: Celery 5.7 warns as the task binds to an app,
+    # wherever that happens first (a test's lane met it importing tasks.eager). A fresh
+    # process binds every task, with Celery's deprecation warnings as errors.
+    modules = ", ".join(f"tasks.{m}" for m in ("turns", "answers", "maintenance", "eager"))
+    bind = (
+        "import warnings; from celery.exceptions import CDeprecationWarning; "
+        "warnings.simplefilter('error', CDeprecationWarning); "
+        f"import {modules}; from celery import Celery; Celery().finalize()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", bind],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_task_events_wait_for_flower_unless_asked_for_from_the_start(config: dict[str, Any]):

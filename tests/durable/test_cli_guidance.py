@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from api import create_app
 from cli._common import warn_if_no_worker
 from store import Database
 from tasks import Settings
+from tests.ports import free_port
 from tests.processes import stop_group
 
 from .conftest import ROOT, Broker, Durable, Worker
@@ -54,12 +54,6 @@ def error_line(done: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("relayq: error: "), lines[0]
     return lines[0]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _base_env() -> dict[str, str]:
@@ -200,7 +194,7 @@ def test_warn_if_no_worker_says_whether_one_consumes_the_agents_queue(
 
 
 def test_run_with_the_broker_down_is_one_line_naming_it_and_starts_nothing(place: Place):
-    port = _free_port()
+    port = free_port()
     env = {**place.env, "RELAYQ_BROKER_URL": f"redis://:{SECRET}@127.0.0.1:{port}/0"}
     started = time.monotonic()
     done = relayq("run", "recall", "hello", env=env, timeout=30)
@@ -228,7 +222,7 @@ def test_run_with_no_embedded_broker_running_says_a_worker_starts_it(place: Plac
 
 # --- misconfiguration: one line naming the variable, for every command, never a secret ----------
 
-_NO_DB_PORT = _free_port()
+_NO_DB_PORT = free_port()
 
 CLIENTS = ["runs", "pending", "show run_x", "run recall hi"]
 SERVERS = ["api", "worker", "beat", "flower"]
@@ -271,7 +265,7 @@ def test_a_bad_setting_is_one_line_naming_the_variable_for_every_command(
     env = {**place.env, "RELAYQ_API_TOKENS": "vic:viewer:t-guidance", variable: value}
     args = command.split()
     if args[0] in ("api", "flower"):
-        args += ["--port", str(_free_port())]
+        args += ["--port", str(free_port())]
     done = relayq(*args, env=env, timeout=40)
     line = error_line(done)
     assert line.startswith(f"relayq: error: {says}"), line
@@ -427,7 +421,7 @@ def test_show_json_of_an_unknown_run_is_one_line(durable: Durable):
 def test_a_batch_with_the_broker_down_is_one_line_and_starts_nothing(place: Place):
     jobs = place.home / "jobs.jsonl"
     jobs.write_text('{"id": 1, "prompt": "hello"}\n')
-    port = _free_port()
+    port = free_port()
     env = {**place.env, "RELAYQ_BROKER_URL": f"redis://:{SECRET}@127.0.0.1:{port}/0"}
     done = relayq("batch", "recall", str(jobs), "-o", str(place.home / "out.jsonl"), env=env)
 

@@ -4,7 +4,6 @@ workers' code, against the same store; no broker, no worker, the same results.""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,18 +20,11 @@ from relayq import Agent, Answer, InProcessRequest, InProcessResponse, Request, 
 from relayq.relay import RelayResult, is_relay_request, relay_answer, relay_calls_of
 from tasks import DurableClient, Settings
 from tests.durable.agents import count, overloaded_model, prompt_of
+from tests.ports import free_port
 
 from .conftest import Durable
 
-
-def closed_port() -> int:
-    """A local port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-NO_BROKER = f"redis://127.0.0.1:{closed_port()}/0"
+NO_BROKER = f"redis://127.0.0.1:{free_port()}/0"
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from tasks import DurableClient
+from tests.ports import free_port
 from tests.processes import stop_group
 from workers.flower import credentials, run
 
@@ -45,12 +45,6 @@ class Flower:
         }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url + "/healthcheck", timeout=1).status_code == 200
@@ -61,7 +55,7 @@ def _answers(url: str) -> bool:
 @pytest.fixture(scope="module")
 def flower(durable: Durable) -> Iterator[Flower]:
     """`workers.flower.run` in its own process, with the workers' environment and a password."""
-    port = _free_port()
+    port = free_port()
     password = secrets.token_urlsafe(12)
     env = {**durable.env, "RELAYQ_FLOWER_AUTH": f"ops:{password}"}
     logfile = durable.log.parent / f"flower-{port}.log"
@@ -170,7 +164,7 @@ def test_flower_will_not_serve_beyond_loopback_without_a_password(
 ):
     monkeypatch.delenv("RELAYQ_FLOWER_AUTH", raising=False)
     with pytest.raises(SystemExit) as refused:
-        run(port=_free_port(), address="0.0.0.0")
+        run(port=free_port(), address="0.0.0.0")
     message = str(refused.value.code)
     assert "RELAYQ_FLOWER_AUTH" in message
     assert "\n" not in message

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -12,6 +11,7 @@ import pytest
 from api.app import create_app
 from store import Database
 from tasks import Settings
+from tests.ports import free_port
 
 from .conftest import Durable
 from .test_api import TOKENS, ApiServer, serve_in_thread
@@ -20,12 +20,6 @@ from .test_api import TOKENS, ApiServer, serve_in_thread
 @contextmanager
 def serving(settings: Settings) -> Iterator[ApiServer]:
     yield from serve_in_thread(create_app(settings, tokens=TOKENS))
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +44,7 @@ async def test_a_broker_that_does_not_answer_makes_the_api_unready_naming_it_and
     durable: Durable,
 ):
     # Given an API whose broker URL, password and all, points where nothing listens
-    broker = f"redis://:pa55-w0rd-x@127.0.0.1:{closed_port()}/0"
+    broker = f"redis://:pa55-w0rd-x@127.0.0.1:{free_port()}/0"
     settings = replace(durable.settings, broker_url=broker)
 
     with serving(settings) as api:
@@ -71,7 +65,7 @@ async def test_a_store_that_does_not_answer_makes_the_api_unready_naming_it(dura
         client = api.app.state.client
         working = client.db
         # The store goes away under the running API.
-        client.db = Database(f"postgresql+psycopg://relayq:pw@127.0.0.1:{closed_port()}/gone")
+        client.db = Database(f"postgresql+psycopg://relayq:pw@127.0.0.1:{free_port()}/gone")
         try:
             async with api.http() as http:
                 ready = await http.get("/readyz")

@@ -5,7 +5,6 @@ host's, and one scrape's time over 100,000 runs and 10,000 open requests."""
 from __future__ import annotations
 
 import re
-import socket
 import statistics
 import time
 import uuid
@@ -36,6 +35,7 @@ from tasks.gauges import StoreGauges
 from tasks.publish import sender_app
 from tests.durable.observed_agents import KEY_ENV, MODEL, metered_agent, metered_reply
 from tests.durable.queue_agents import VIP_QUEUE
+from tests.ports import free_port
 from tests.provider_server import API_KEY, ProviderServer
 
 from .conftest import Durable, Eventually, SpareWorkers
@@ -195,9 +195,7 @@ async def test_queue_depth_counts_every_priority_and_the_messages_workers_hold(q
 async def test_a_broker_that_does_not_answer_is_reported_down_and_the_store_still_read(
     durable: Durable,
 ):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()
     settings = replace(durable.settings, broker_url=f"redis://127.0.0.1:{closed}/0")
 
     with serving(settings) as api:
@@ -302,12 +300,6 @@ async def test_a_worker_serves_its_turns_model_calls_tokens_and_429s(
     assert folder is not None
     spare.worker.stop()
     assert not Path(folder.group(1)).exists()  # noqa: ASYNC240 (one stat)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_worker_refuses_a_metrics_port_that_is_no_port(durable: Durable, tmp_path: Path):

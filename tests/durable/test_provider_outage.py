@@ -20,13 +20,13 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from bench.inflight import free_port
 from bench.model_server import ServerProcess
 from cli.main import app as cli_app
 from relayq import RunResult
 from store import FINISHED
 from tasks import DurableClient
 from tasks.circuit import CircuitView, read_circuits
+from tests.ports import free_port
 
 from .conftest import Durable, Eventually, SpareWorkers
 from .test_batches import runs_of

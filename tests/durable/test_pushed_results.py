@@ -303,7 +303,9 @@ async def test_a_cancel_made_by_the_client_wakes_its_own_waiter(host: Host, even
     assert res.status == "cancelled"
 
 
-async def test_a_wait_that_times_out_reads_the_run_once_more_before_giving_up(host: Host):
+async def test_a_wait_that_times_out_reads_the_run_once_more_before_giving_up(
+    host: Host, eventually: Eventually
+):
     client = host.client()
     stays, settles = await client.start_many("two-step", ["stays queued", "settles"])
 
@@ -311,9 +313,10 @@ async def test_a_wait_that_times_out_reads_the_run_once_more_before_giving_up(ho
         await client.result(stays, wait=True, timeout=0.2)
     assert (raised.value.run_id, raised.value.status) == (stays, "queued")
 
-    # A run settled (unannounced) while its waiter slept is returned at the deadline.
-    waiting = asyncio.create_task(client.result(settles, wait=True, timeout=1.0))
-    await asyncio.sleep(0.1)
+    # A run settled (unannounced) after its waiter's first read is returned at the deadline.
+    with statements(client.db) as seen:
+        waiting = asyncio.create_task(client.result(settles, wait=True, timeout=1.0))
+        await eventually(lambda: _status_reads(seen) >= 1, what="the first read")
     host.cancel_quietly(settles)
     assert (await waiting).status == "cancelled"
 

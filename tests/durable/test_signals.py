@@ -27,10 +27,11 @@ import tests.durable.signal_agents  # noqa: F401  (the host knows the agents, as
 from relayq.relay import answer_output
 from store import get_run
 from tasks import DurableClient
+from tests.ports import free_port
 from tests.processes import stop_group
 
 from .conftest import ROOT, Durable, Eventually, SpareWorkers
-from .test_flower import Flower, _answers, _free_port
+from .test_flower import Flower, _answers
 
 TIME_LIMIT = 3.0
 """These workers' RELAYQ_TURN_TIME_LIMIT (Celery's soft limit); a turn's own deadline is 2.25 s."""
@@ -76,7 +77,7 @@ class Watched:
 
 def _start_flower(spare: Durable) -> Flower:
     """`workers.flower.run` on the worker's broker and prefix, as `test_flower` runs it."""
-    port = _free_port()
+    port = free_port()
     password = secrets.token_urlsafe(12)
     env = {**spare.env, "RELAYQ_FLOWER_AUTH": f"ops:{password}"}
     logfile = spare.log.parent / f"flower-{port}.log"

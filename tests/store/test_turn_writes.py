@@ -145,8 +145,12 @@ async def test_an_outcome_is_recorded_at_once_while_another_call_of_its_turn_sti
         return "quick done"
 
     async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
-        await asyncio.sleep(0.05)
-        seen.append(ledger_get(db, "run_1", 1, "c1", ""))
+        # Until quick's outcome is in the ledger: stored at the turn's end, it never is.
+        deadline = asyncio.get_running_loop().time() + 10
+        while (recorded := ledger_get(db, "run_1", 1, "c1", "")) is None:
+            assert asyncio.get_running_loop().time() < deadline, "quick's outcome not stored"
+            await asyncio.sleep(0.01)
+        seen.append(recorded)
         quick_done.set()
         return "slow done"
 

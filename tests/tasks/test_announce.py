@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from store.outbox import ANSWER_TASK, CANCEL_TASK, SWEEP_TASK, TURN_TASK
 from tasks import Settings
 from tasks.announce import Announcer, channel_of, decode, encode, runs_moved
 from tasks.broker import redis_url
+from tests.ports import free_port
 
 
 @pytest.mark.parametrize("summary", ["done", "pending", "incomplete", "cancelled"])
@@ -52,15 +51,9 @@ def test_the_embedded_brokers_socket_is_reached_as_redis_py_spells_it(tmp_path):
     assert redis_url(Settings.from_env({"RELAYQ_BROKER_URL": "amqp://h//"})) is None
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_failed_announcement_raises_nothing_and_quiets_the_announcer():
     # Given an announcer whose broker refuses connections
-    settings = Settings.from_env({"RELAYQ_BROKER_URL": f"redis://127.0.0.1:{_closed_port()}/0"})
+    settings = Settings.from_env({"RELAYQ_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
     announcer = Announcer(settings)
     try:
         # When it announces, it fails quietly ...

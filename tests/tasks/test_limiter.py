@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from relayq.ratelimit import LimitCounters, LimitedModel, ProviderLimits, Thrott
 from tasks import DurableClient, Settings
 from tasks.limiter import RedisLimiter, limited_model, limiter_for
 from tests.brokers import PrivateRedis
+from tests.ports import free_port
 from tests.provider_server import API_KEY, ProviderServer, error, openai_calls, openai_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,9 +198,7 @@ async def test_a_caller_cancelled_while_it_waits_for_its_moment_frees_its_slot(
 
 async def test_an_unreachable_redis_lets_calls_go_unlimited_and_says_so(counters, caplog):
     # Given a limiter whose Redis does not answer
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     limiter = RedisLimiter(f"redis://127.0.0.1:{port}/0", prefix="x:", hooks=[counters])
 
     # When two calls ask

@@ -24,12 +24,15 @@ class Sender:
         self.batches: list[list[int]] = []
         self.refuse = refuse
         self.release = threading.Event()
+        self.holding = threading.Event()
+        """Set once the first batch is in the sender's hands."""
         self.threads: set[str] = set()
 
     def __call__(self, rows: list[OutboxRow]) -> list[OutboxRow]:
         self.threads.add(threading.current_thread().name)
         self.batches.append([r.id or 0 for r in rows])
         if len(self.batches) == 1:
+            self.holding.set()
             self.release.wait(5)
         if any(r.id == 99 for r in rows):
             raise RuntimeError("the broker fell over")
@@ -41,9 +44,9 @@ async def test_what_is_published_while_a_batch_goes_out_goes_with_the_next_in_on
     with ThreadPoolExecutor(1, thread_name_prefix="send") as pool:
         outgoing = Outgoing(sender, pool)
         first = asyncio.create_task(outgoing([row(1)]))
-        await asyncio.sleep(0.05)  # the first batch is out, held by the sender
+        assert await asyncio.to_thread(sender.holding.wait, 5), "the first batch never went"
         later = [asyncio.create_task(outgoing([row(n), row(n + 1)])) for n in (2, 4)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # each later caller runs up to its wait, behind the first batch
         sender.release.set()
         went = await asyncio.gather(first, *later)
 

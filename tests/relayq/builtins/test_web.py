@@ -23,6 +23,7 @@ from relayq._tools import ToolContext
 from relayq._types import ToolResult
 from relayq.builtins import BuiltinsConfig, builtin_tools
 from relayq.builtins._netguard import non_global_kind
+from tests.ports import free_port
 
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
@@ -186,10 +187,7 @@ async def test_urls_other_than_http_and_https_are_refused(url: str) -> None:
 
 
 async def test_a_refused_connection_is_an_error() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    # Nothing listens on the port any more.
+    port = free_port()  # nothing listens there
 
     out = await _fetch({"url": f"http://127.0.0.1:{port}/"})
 

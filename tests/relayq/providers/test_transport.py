@@ -24,6 +24,7 @@ import pytest
 
 from relayq import ModelError
 from relayq.providers import ProviderConfig, ProviderModel
+from tests.ports import free_port
 from tests.provider_server import API_KEY, Reply
 
 from .plain_server import PlainServer
@@ -224,9 +225,7 @@ async def test_a_connection_dropped_before_the_answer_is_retryable_and_retried(p
 
 
 async def test_a_refused_connection_is_a_retryable_unreachable_error(close_later):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there once closed
+    port = free_port()  # nothing listens there
     model = close_later(model_on(f"http://127.0.0.1:{port}"))
 
     with pytest.raises(ModelError) as raised:
