@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeAlias
 
-import jsonschema
-
 from relayq._errors import AnswerMismatch, ToolkitError
 from relayq._tools import Tool, ToolContext
 from relayq._types import Answer, Request, ToolResult
@@ -216,6 +214,8 @@ def decision_of(request: Request, answer: Answer) -> Decision:
 
 def _check_schema(request: Request, arguments: dict[str, Any]) -> None:
     schema = request.data.get("schema") or {"type": "object"}
+    import jsonschema  # a tenth of a second at every process's start, for approvals' edits only
+
     validator = jsonschema.validators.validator_for(schema)(schema)
     errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
     if errors:

