@@ -27,12 +27,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The suite runs on TEST_WORKERS pytest-xdist lanes (tests/lanes.py): most of it waits on
-# workers, brokers and browsers, not on a core. It ends with its slowest 20 tests.
+# The suite runs on TEST_WORKERS pytest-xdist lanes (tests/lanes.py): much of it waits on
+# workers, brokers and browsers, not on a core. A module with costly module-wide parts keeps
+# to one lane (ONE_LANE, tests/conftest.py). It ends with its slowest 20 tests.
 TEST_WORKERS ?= 6
 
 pytest: $(STAMP)
-	$(BIN)/pytest -n $(TEST_WORKERS) --durations=20
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
 # `make demo DEMO=--keep` keeps the worker, the API and Flower running afterwards.
 demo: $(STAMP)

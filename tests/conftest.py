@@ -83,6 +83,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_PARTS] = Parts(required=names)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep a module's tests on one xdist lane (per database) where it sets `ONE_LANE = True`:
+    its module-scoped parts (a worker, Flower, the demo) are then made once, not once in
+    every lane that meets one of its tests (`make test` runs `--dist loadgroup`)."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if not getattr(module, "ONE_LANE", False):
+            continue
+        callspec = getattr(item, "callspec", None)
+        database = callspec.params.get("database_url", "") if callspec else ""
+        item.add_marker(pytest.mark.xdist_group(f"{module.__name__}[{database}]"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def lane_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """RELAYQ_HOME for whatever a test starts without a home of its own: this lane's

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from celery.signals import after_task_publish
+from celery.signals import after_task_publish, before_task_publish
 
 __all__ = ["Sent", "sent_messages"]
 
@@ -38,13 +38,25 @@ def _log() -> Path | None:
     return None if root is None else Path(root)
 
 
+_priorities: dict[str, int | None] = {}
+"""Task id to the priority it is being published with: Celery hands the message's
+properties to `before_task_publish` only, and a message is recorded once it went."""
+
+
+@before_task_publish.connect
+def _note_priority(
+    headers: dict[str, Any] | None = None, properties: dict[str, Any] | None = None, **_: Any
+) -> None:
+    if headers is not None and _log() is not None:
+        _priorities[str(headers.get("id"))] = (properties or {}).get("priority")
+
+
 @after_task_publish.connect
 def _record(
     sender: str | None = None,
     body: Any = None,
     headers: dict[str, Any] | None = None,
     routing_key: str | None = None,
-    properties: dict[str, Any] | None = None,
     **_: Any,
 ) -> None:
     root = _log()
@@ -56,7 +68,7 @@ def _record(
         "args": list(body[0]) if body else [],
         "queue": routing_key,
         "countdown": headers.get("eta") is not None,
-        "priority": (properties or {}).get("priority"),
+        "priority": _priorities.pop(str(headers.get("id")), None),
     }
     root.mkdir(parents=True, exist_ok=True)
     # One `write` on an O_APPEND file: whole lines, whichever process writes.

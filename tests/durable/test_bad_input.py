@@ -43,6 +43,8 @@ from .conftest import ROOT, Durable, SpareWorkers
 from .test_api import ApiServer, serve_in_thread
 from .test_cli import halt_on_lookup, one_error_line, store_snapshot, stored_request
 
+ONE_LANE = True  # tests/conftest.py: its worker and provider, once per database
+
 VIEWER, APPROVER, SUBMITTER = "tok-bad-view-1", "tok-bad-approve-1", "tok-bad-sub-1"
 TOKENS = f"vic:viewer:{VIEWER},alice:approver:{APPROVER},sam:submitter:{SUBMITTER}"
 TWO_MIB = 2 * DEFAULT_MAX_ANSWER_BYTES

@@ -45,6 +45,8 @@ from .conftest import Durable, Eventually, Worker
 from .desk import DESK_TOKENS, GIL, SUE, VAL, inbox_session
 from .test_api import ApiServer, open_request, serve_in_thread
 
+ONE_LANE = True  # tests/conftest.py: the priced worker, once per database
+
 CALL = Usage(prompt_tokens=800, completion_tokens=200, total_tokens=1000)
 """What each model call of these agents spends."""
 

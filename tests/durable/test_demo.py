@@ -23,6 +23,8 @@ from store.webhooks import list_deliveries
 from tests.durable.conftest import Broker
 from tests.processes import stop_group
 
+ONE_LANE = True  # tests/conftest.py: the demo runs once for the module's tests
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # The demo runs once for the module; the first test's timeout covers it.
@@ -142,9 +144,11 @@ def test_the_worker_sent_the_approval_runs_events_as_signed_webhooks(demo: Demo)
         for kind in ("request.opened", "request.decided", "run.finished")
     }
     assert len({e["id"] for e in got}) == len(got), "each event kept once"
-    # The store's delivery log agrees (the last few may be unrecorded when the worker stopped).
+    # The store's delivery log agrees: each delivery it records was received. (The last
+    # few may be unrecorded when the worker stopped: how many depends on the machine.)
     delivered = list_deliveries(demo.db, state="delivered", endpoint="demo", limit=1000)
-    assert {e["id"] for e in ours} & {d.event_id for d in delivered}
+    assert delivered
+    assert {d.event_id for d in delivered} <= {e["id"] for e in got}
     assert list_deliveries(demo.db, state="failed") == []
     assert "every signature verified with tasks.webhooks.verify_signature" in demo.stdout
     assert "refused for a bad signature" not in demo.stdout

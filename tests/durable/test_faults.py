@@ -303,8 +303,7 @@ async def test_runs_move_on_within_the_bound_after_the_broker_comes_back_empty(
             assert held, "the outage stranded nothing: the probe proved nothing"
             assert max(delays) < BOUND, sorted(delays)
             for run_id in run_ids:
-                res = await client.result(run_id, wait=True, timeout=120)
-                check_transcript(durable, client.db, res)
+                check_transcript(durable, client.db, await finished(client, run_id))
             host.cancel()
         assert worker.proc is not None
         assert worker.proc.poll() is None, "the worker rode the outage out"

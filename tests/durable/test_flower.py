@@ -21,6 +21,8 @@ from workers.flower import credentials, run
 
 from .conftest import ROOT, Durable, Eventually
 
+ONE_LANE = True  # tests/conftest.py: Flower, once
+
 
 @dataclass
 class Flower:

@@ -37,6 +37,7 @@ from tests.durable.queue_agents import VIP_QUEUE
 from tests.ports import free_port
 from tests.provider_server import API_KEY, ProviderServer
 from tests.seeding import insert_rows, rows_like
+from tests.store.driver import statements
 
 from .conftest import Durable, Eventually, SpareWorkers
 from .test_api import APPROVER, SUBMITTER, TOKENS, VIEWER, ApiServer, serve_in_thread
@@ -407,6 +408,8 @@ def test_a_provider_is_named_by_its_host_alone():
 # -- at volume ----------------------------------------------------------------------------------
 
 RUNS, OPEN, DECIDED = 100_000, 10_000, 5_000
+SCRAPE_STATEMENTS = 8
+"""A scrape's statements (three transactions' BEGINs among them), as on an empty store."""
 
 
 def age(n: int) -> int:
@@ -466,7 +469,7 @@ def seed(db: Database) -> None:
     insert_rows(db, DecisionRow, decisions)
 
 
-def test_a_scrape_reads_100k_runs_and_10k_open_requests_in_well_under_a_second(
+def test_a_scrape_reads_100k_runs_and_10k_open_requests_in_a_few_statements(
     private_database: str, capsys: pytest.CaptureFixture[str]
 ):
     # Given a store with 100,000 runs, 10,000 open requests and 5,000 fresh decisions
@@ -483,11 +486,13 @@ def test_a_scrape_reads_100k_runs_and_10k_open_requests_in_well_under_a_second(
         )
 
         # When it is scraped, five times
-        times = []
+        times, statements_run = [], []
         for _ in range(5):
             started = time.perf_counter()
-            families = {f.name: f for f in gauges.collect()}
+            with statements(db) as seen:
+                families = {f.name: f for f in gauges.collect()}
             times.append(time.perf_counter() - started)
+            statements_run.append(len(seen))
     finally:
         db.dispose()
 
@@ -510,4 +515,6 @@ def test_a_scrape_reads_100k_runs_and_10k_open_requests_in_well_under_a_second(
             f"\nscrape of {RUNS:,} runs, {OPEN:,} open requests ({kind}): first "
             f"{times[0] * 1000:.0f} ms, median {statistics.median(times) * 1000:.0f} ms"
         )
-    assert max(times) < 1.0, times
+    # ... in a few statements, whatever the store holds: each an aggregate, but the decisions
+    # of the last minutes (how long it took is printed; a test asserts no timing)
+    assert max(statements_run) <= SCRAPE_STATEMENTS, statements_run
