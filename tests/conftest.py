@@ -83,6 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_PARTS] = Parts(required=names)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep a module's tests on one xdist lane (per database) where it sets `ONE_LANE = True`:
     its module-scoped parts (a worker, Flower, the demo) are then made once, not once in
@@ -93,7 +94,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         callspec = getattr(item, "callspec", None)
         database = callspec.params.get("database_url", "") if callspec else ""
-        item.add_marker(pytest.mark.xdist_group(f"{module.__name__}[{database}]"))
+        # No "]" in the name: xdist takes an "@" before a "]" for a parameter's.
+        item.add_marker(pytest.mark.xdist_group(f"{module.__name__}:{database or 'any'}"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,6 +18,7 @@ from bench.peers.sample import Sample
 from bench.peers.tables import print_tables, ratio
 
 pytestmark = pytest.mark.timeout(300)
+ONE_LANE = True  # tests/conftest.py: every system's runs, once for the module's tests
 
 SCENARIOS = [in_flight(runs=3, turns=3, latency=0.05), *per_turn(lengths=[3, 6], total=12)]
 
