@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     every lane that meets one of its tests (`make test` runs `--dist loadgroup`)."""
     for item in items:
         module = getattr(item, "module", None)
-        if not getattr(module, "ONE_LANE", False):
+        if module is None or not getattr(module, "ONE_LANE", False):
             continue
         callspec = getattr(item, "callspec", None)
         database = callspec.params.get("database_url", "") if callspec else ""

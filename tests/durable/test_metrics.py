@@ -422,7 +422,7 @@ def seed(db: Database) -> None:
     two days, 5,000 answered ones, each with its decision, made in the last minute."""
     now = utcnow()
     statuses = ("done", "done", "done", "failed", "pending", "queued", "running", "cancelled")
-    run = RunRow(id="", agent="", conversation_id="", created_at=now, updated_at=now)
+    run = RunRow(id="", agent="", conversation_id="", status="done", created_at=now, updated_at=now)
     runs = rows_like(
         run,
         RUNS,
