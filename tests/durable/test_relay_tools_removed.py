@@ -31,7 +31,11 @@ def without_relay_tools(durable: Durable) -> Iterator[Runtime]:
     rt = Runtime(
         durable.settings, agents={"lookup": Agent("lookup", lookup_model, tools=[], register=False)}
     )
+    # It claims turns on the session worker's store: its heartbeat says it lives, or that
+    # worker's sweeper may take its claim for a dead worker's (as it did under load).
+    rt.heartbeat.start()
     yield rt
+    rt.heartbeat.stop()
     rt.db.dispose()
 
 

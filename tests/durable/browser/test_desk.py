@@ -32,6 +32,7 @@ from .pages import (
 pytestmark = pytest.mark.browser
 
 
+@pytest.mark.timeout(180)  # 230 real runs on the session's worker of two, twice, beside five lanes
 async def test_the_list_pages_past_200_oldest_first_and_declines_all_that_match(
     api: ApiServer, browser: Browser, durable: Durable, eventually: Eventually, tag: str
 ):
