@@ -374,6 +374,7 @@ def _api(url: str, path: str, **params: Any) -> Any:
         return http.get(path, params=params).raise_for_status().json()
 
 
+@pytest.mark.timeout(180)  # five real commands and runs, beside five lanes
 def test_runs_json_lists_the_runs_as_the_api_does(durable: Durable, api_url: str, prompt: str):
     env = {**durable.env, "COLUMNS": "250"}
     assert relayq("run", "lookup", prompt, "--timeout", "30", env=env).returncode == 0
