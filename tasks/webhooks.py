@@ -38,8 +38,6 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
-
 from store import Database
 from store.events import EVENT_TYPES
 from store.models import utcnow
@@ -55,6 +53,8 @@ from store.webhooks import (
 )
 
 if TYPE_CHECKING:
+    import httpx
+
     from tasks.settings import Settings
 
 __all__ = [
@@ -439,6 +439,10 @@ class WebhookSender:
     @asynccontextmanager
     async def client(self) -> AsyncIterator[httpx.AsyncClient]:
         """The HTTP client, open on the running loop: `async with sender.client(): ...`."""
+        # Imported here, by the one process that delivers: every process reads the
+        # webhook settings, and httpx (with rich and pygments) is 0.2 s of a start.
+        import httpx
+
         seconds = self.timeout.total_seconds()
         hide = _HideUrls(self.endpoints.values())
         _HTTPX_LOG.addFilter(hide)
@@ -463,6 +467,8 @@ class _HideUrls(logging.Filter):
     is), so its log lines name the endpoint instead."""
 
     def __init__(self, endpoints: Iterable[Endpoint]) -> None:
+        import httpx
+
         super().__init__()
         self.names = {str(httpx.URL(e.url)): f"<webhook {e.name}>" for e in endpoints}
 

@@ -15,7 +15,7 @@ import email.utils
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from relayq._errors import ModelError
@@ -25,8 +25,10 @@ from relayq.limits import ERROR_TEXT_LIMIT, redact_secrets, safe_text, without_e
 from relayq.providers import _anthropic, _openai
 from relayq.providers._config import ProviderConfig
 from relayq.providers._fragments import dumps
-from relayq.providers._http import UNREACHABLE, Answer, Sessions
 from relayq.providers._wire import Reply, ToolChoice
+
+if TYPE_CHECKING:
+    from relayq.providers._http import Answer
 
 __all__ = ["RETRYABLE_STATUS", "ProviderModel", "redact"]
 
@@ -128,6 +130,10 @@ class ProviderModel:
         self._dialect = _anthropic if config.style == "anthropic" else _openai
         self._url = self._dialect.path(config.base_url)
         self._where = f"{config.style} endpoint {urlsplit(self._url).netloc}"
+        # aiohttp is imported by the first model built, not by every process that merely
+        # names an agent (the API, the CLI): it is a quarter of a second of their start.
+        from relayq.providers._http import Sessions
+
         self._sessions = Sessions(
             self._url, max_connections=config.max_connections, timeout=config.timeout
         )
@@ -185,6 +191,8 @@ class ProviderModel:
         key = self.config.resolve_key(self._api_key)
         headers = {**self.config.headers, **self._dialect.headers(key)}
         where = self._where
+        from relayq.providers._http import UNREACHABLE  # imported with Sessions, above
+
         try:
             response = await self._sessions.post(data.encode(), headers)
         except TimeoutError:  # first: a timeout is one of UNREACHABLE's kinds too

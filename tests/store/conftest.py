@@ -1,5 +1,8 @@
 """One store suite, two databases: a fresh SQLite file per test, and PostgreSQL when it answers.
 
+SQLite: each test's file is a copy of one migrated once per session (running the
+migrations for each of 300 tests cost more than most of the tests).
+
 PostgreSQL: a database `relayq_store_test_<hex>` is created and migrated once
 per session, every relayq table is emptied before and after each test, and
 the database is dropped at the end. Without a server on 127.0.0.1:5432 (or
@@ -10,6 +13,7 @@ is skipped, or fails where `RELAYQ_REQUIRE` names postgres (tests/conftest.py).
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,11 +70,25 @@ def postgres_url() -> Iterator[str | None]:
         admin.close()
 
 
-@contextmanager
-def _sqlite(folder: Path) -> Iterator[Database]:
-    db = Database(f"sqlite:///{folder / 'relayq.db'}")
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head, with no rows: the template of each test's store."""
+    path = tmp_path_factory.mktemp("template") / "relayq.db"
+    db = Database(f"sqlite:///{path}")
     try:
         migrate(db)
+    finally:
+        db.dispose()
+    return path
+
+
+@contextmanager
+def _sqlite(template: Path, folder: Path) -> Iterator[Database]:
+    path = folder / "relayq.db"
+    shutil.copyfile(template, path)
+    db = Database(f"sqlite:///{path}")
+    try:
+        migrate(db)  # finds it at head, as a worker opening a migrated store does
         yield db
     finally:
         db.dispose()
@@ -98,7 +116,11 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Database]:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     """A migrated, empty store, on each database in turn."""
-    with _sqlite(tmp_path) if request.param == "sqlite" else _postgres(request) as database:
+    if request.param == "sqlite":
+        store = _sqlite(request.getfixturevalue("migrated_sqlite"), tmp_path)
+    else:
+        store = _postgres(request)
+    with store as database:
         yield database
 
 

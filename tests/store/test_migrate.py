@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -11,7 +12,7 @@ from sqlalchemy import inspect, text
 from sqlmodel import SQLModel
 
 from store import Database, get_run, migrate
-from store.migrate import alembic_config
+from store.migrate import HEAD, alembic_config
 
 from .driver import start
 
@@ -60,3 +61,19 @@ def test_the_migrations_build_exactly_the_tables_the_models_describe(db: Databas
         drift = compare_metadata(context, SQLModel.metadata)
 
     assert drift == []
+
+
+def test_head_names_the_newest_migration_so_a_store_there_skips_alembic(db: Database):
+    assert head_revision(db) == HEAD
+
+
+def test_a_store_a_revision_behind_is_brought_to_head(db: Database):
+    # Given a store whose last migration was undone
+    start(db)
+    command.downgrade(alembic_config(db), "-1")
+    assert revision_of(db) != [HEAD]
+
+    # When a process opens it, the migration is run again, and the data is kept
+    migrate(db)
+    assert revision_of(db) == [HEAD]
+    assert get_run(db, "run_1").status == "queued"

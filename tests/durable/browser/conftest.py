@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
 from api.app import create_app
@@ -40,8 +41,14 @@ def api(durable: Durable) -> Iterator[ApiServer]:
     yield from serve_in_thread(create_app(durable.settings, tokens=f"{TOKENS},{DESK_TOKENS}"))
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+LOOP = pytest.mark.asyncio(loop_scope="session")
+"""The browser tests' mark: they run on the session's event loop, where `chromium_browser`
+lives (playwright's objects keep to the loop that made them)."""
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def chromium_browser() -> AsyncIterator[Browser]:
+    """One chromium for the lane: launching it and playwright's driver is 3 s of CPU."""
     async with async_playwright() as pw:
         # Containers often give /dev/shm 64 MiB, too little for chromium's shared memory.
         chromium = await pw.chromium.launch(
@@ -51,6 +58,18 @@ async def browser() -> AsyncIterator[Browser]:
             yield chromium
         finally:
             await chromium.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def browser(chromium_browser: Browser) -> AsyncIterator[Browser]:
+    """The lane's chromium, as a test's own: every context (cookies, storage, pages) the
+    test opens in it is closed after the test, and none is open before."""
+    assert chromium_browser.contexts == [], "a test left a browser context open"
+    try:
+        yield chromium_browser
+    finally:
+        for context in chromium_browser.contexts:
+            await context.close()
 
 
 Shoot = Callable[[Page, str], Awaitable[None]]

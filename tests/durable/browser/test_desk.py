@@ -15,7 +15,7 @@ from playwright.async_api import Browser, expect
 from ..conftest import Durable, Eventually
 from ..desk import FAY, GIL, SID, refund_prompt, start_refunds
 from ..test_api import ApiServer, settled_run
-from .conftest import Shoot
+from .conftest import LOOP, Shoot
 from .pages import (
     button,
     fact,
@@ -29,7 +29,7 @@ from .pages import (
     showing,
 )
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, LOOP]
 
 
 @pytest.mark.timeout(180)  # 230 real runs on the session's worker of two, twice, beside five lanes

@@ -26,9 +26,10 @@ from ..test_api import (
     settled_run,
     start_run,
 )
+from .conftest import LOOP
 from .pages import WAIT_MS, logged_in
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, LOOP]
 
 
 def attacker_app() -> FastAPI:
