@@ -132,8 +132,9 @@ class ProviderModel:
         self._where = f"{config.style} endpoint {urlsplit(self._url).netloc}"
         # aiohttp is imported by the first model built, not by every process that merely
         # names an agent (the API, the CLI): it is a quarter of a second of their start.
-        from relayq.providers._http import Sessions
+        from relayq.providers._http import UNREACHABLE, Sessions
 
+        self._unreachable = UNREACHABLE
         self._sessions = Sessions(
             self._url, max_connections=config.max_connections, timeout=config.timeout
         )
@@ -191,8 +192,6 @@ class ProviderModel:
         key = self.config.resolve_key(self._api_key)
         headers = {**self.config.headers, **self._dialect.headers(key)}
         where = self._where
-        from relayq.providers._http import UNREACHABLE  # imported with Sessions, above
-
         try:
             response = await self._sessions.post(data.encode(), headers)
         except TimeoutError:  # first: a timeout is one of UNREACHABLE's kinds too
@@ -201,7 +200,7 @@ class ProviderModel:
                 retryable=True,
                 unanswered="timeout",
             ) from None
-        except UNREACHABLE as exc:
+        except self._unreachable as exc:
             raise ModelError(
                 f"{where} unreachable: {safe_text(redact(str(exc), key))}",
                 retryable=True,
