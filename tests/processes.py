@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 
+from tests.forkserver import Proc
 
-def stop_group(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+
+def stop_group(proc: Proc, timeout: float = 15.0) -> None:
     """SIGTERM the process's group (started with start_new_session), SIGKILL if it lingers."""
     if proc.poll() is not None:
         return

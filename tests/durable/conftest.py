@@ -34,6 +34,7 @@ import redis
 import tests.durable.agents  # noqa: F401  (the host knows the agents, as a real one would)
 from store import Database
 from tasks import DurableClient, Settings
+from tests.forkserver import Proc, spawn
 from tests.lanes import redis_db
 from workers.embedded import ensure_embedded_redis, stop_embedded_redis
 
@@ -150,13 +151,13 @@ class Worker:
 
     env: dict[str, str]
     logfile: Path
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Proc | None = None
 
     def start(self, *extra: str, ready_timeout: float = 60.0) -> Worker:
         name = f"test-{uuid.uuid4().hex[:6]}@%h"
         concurrency = self.env.get("RELAYQ_CONCURRENCY", "2")
         with self.logfile.open("ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = spawn(
                 [sys.executable, "-m", "workers", "worker", "-c", concurrency, "-n", name,
                  "--without-mingle", "--without-gossip", *extra],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,

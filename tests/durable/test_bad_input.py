@@ -34,6 +34,7 @@ from relayq.limits import (
 )
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
 from tasks import DurableClient
+from tests import forkserver
 from tests.durable.bad_input_agents import SYSTEM_PROMPT
 from tests.ports import free_port
 from tests.processes import stop_group
@@ -410,7 +411,7 @@ def api_process(durable: Durable, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     log = tmp_path / "api.log"
     env = {**durable.env, "RELAYQ_API_TOKENS": TOKENS, "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:
-        proc = subprocess.Popen(
+        proc = forkserver.spawn(
             [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

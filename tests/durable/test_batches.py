@@ -33,6 +33,7 @@ from store import (
     start_batch,
 )
 from store.models import FINISHED
+from tests import forkserver
 
 from .conftest import ROOT, Durable, Eventually
 from .desk import refund_prompt
@@ -177,7 +178,7 @@ def test_a_batch_start_killed_between_chunks_starts_each_job_once_when_run_again
     migrate(db)
     command = [sys.executable, "-c", "from cli.main import main; main()",
                "batch", "recall", str(jobs), "-o", str(output), "--timeout", "0.1"]  # fmt: skip
-    starter = subprocess.Popen(
+    starter = forkserver.spawn(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
@@ -194,7 +195,7 @@ def test_a_batch_start_killed_between_chunks_starts_each_job_once_when_run_again
 
         # Then the same command run again starts the jobs still missing, and only those:
         # every job has one run
-        rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        rerun = forkserver.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         assert "10000 jobs" in rerun.stderr, rerun.stderr
         assert f"{10_000 - started} started, {started} already started" in rerun.stderr
         with db.read() as s:

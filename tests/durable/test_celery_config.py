@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import pytest
 
 from tasks import DurableClient, Settings
 from tasks.settings import MAX_COUNTDOWN
+from tests import forkserver
 from workers.config import celery_config
 
 from .conftest import ROOT, SpareWorkers
@@ -64,7 +64,7 @@ def test_the_tasks_are_routed_by_the_config_alone_with_no_deprecated_task_attrib
         "warnings.simplefilter('error', CDeprecationWarning); "
         f"import {modules}; from celery import Celery; Celery().finalize()"
     )
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-c", bind],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

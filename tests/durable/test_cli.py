@@ -29,6 +29,7 @@ from store import (
     run_result,
 )
 from store.requests import StoredRequest
+from tests import forkserver
 from tests.processes import stop_group
 from tests.store.test_request_queries import listing_rows, seeded_requests
 
@@ -130,7 +131,7 @@ PASSED_TO_CELERY = ("worker", "beat")
 
 def test_every_command_has_help_as_a_real_process():
     # The console script itself, as installed: it imports every command's module
-    top = subprocess.run([str(RELAYQ), "--help"], capture_output=True, text=True, timeout=30)
+    top = forkserver.run([str(RELAYQ), "--help"], capture_output=True, text=True, timeout=30)
     assert top.returncode == 0, top.stderr
     for command in COMMANDS:
         assert command in top.stdout
@@ -139,7 +140,7 @@ def test_every_command_has_help_as_a_real_process():
     # from the same app in this process (a process each adds its start-up, not a check)
     for command in COMMANDS:
         if command in PASSED_TO_CELERY:
-            done = subprocess.run(
+            done = forkserver.run(
                 [sys.executable, "-m", "cli.main", command, "--help"],
                 cwd=ROOT, capture_output=True, text=True, timeout=30,
             )  # fmt: skip
@@ -157,7 +158,7 @@ def test_every_command_has_help_as_a_real_process():
 def test_run_as_a_real_process_streams_tool_calls_and_results_then_the_text(
     durable: Durable, prompt: str
 ):
-    done = subprocess.run(
+    done = forkserver.run(
         [str(RELAYQ), "run", "two-step", prompt, "--timeout", "30"],
         cwd=ROOT,
         env={**durable.env, "COLUMNS": "250"},
@@ -185,7 +186,7 @@ def cli_worker(durable: Durable, tmp_path: Path) -> Iterator[dict[str, str]]:
     log = tmp_path / "cli-worker.log"
     name = f"cli-{uuid.uuid4().hex[:6]}@%h"
     with log.open("ab") as out:
-        proc = subprocess.Popen(
+        proc = forkserver.spawn(
             [str(RELAYQ), "worker", "--agents", "tests.durable.agents", "-c", "2", "-l", "info",
              "--", "--without-mingle", "--without-gossip", "-n", name],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -210,7 +211,7 @@ def test_relayq_worker_starts_a_worker_that_runs_turns(cli_worker: dict[str, str
 
 
 def test_a_bad_agents_module_stops_the_worker_with_one_line(durable: Durable):
-    done = subprocess.run(
+    done = forkserver.run(
         [str(RELAYQ), "worker", "--agents", "no_such_module_here"],
         cwd=ROOT,
         env=durable.env,

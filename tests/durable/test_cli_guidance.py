@@ -27,6 +27,7 @@ from api import create_app
 from cli._common import warn_if_no_worker
 from store import Database
 from tasks import Settings
+from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
 
@@ -42,7 +43,7 @@ def relayq(
     *args: str, env: dict[str, str], timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """`relayq ARGS` as a process, to its end."""
-    return subprocess.run(
+    return forkserver.run(
         [str(RELAYQ), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
 
@@ -134,7 +135,7 @@ def test_a_run_on_a_queue_no_worker_consumes_waits_until_a_worker_for_it_starts(
     # Given a worker on relayq's queues only, and an agent whose turns go to a queue of its own
     log = served.home / f"run-{uuid.uuid4().hex[:6]}.err"
     with log.open("wb") as err:
-        run = subprocess.Popen(
+        run = forkserver.spawn(
             [str(RELAYQ), "run", "vip", "where next", "--timeout", "90"],
             cwd=ROOT, env=served.env, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
         )  # fmt: skip
@@ -318,9 +319,9 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Place]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _start_relayq_worker(place: Place, log: Path) -> subprocess.Popen[bytes]:
+def _start_relayq_worker(place: Place, log: Path) -> forkserver.Proc:
     with log.open("ab") as out:
-        proc = subprocess.Popen(
+        proc = forkserver.spawn(
             [str(RELAYQ), "worker", "-c", "2", "--", "--without-mingle", "--without-gossip"],
             cwd=ROOT, env=place.env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,

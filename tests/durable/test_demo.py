@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 from relayq.demo import QUORUM_ABOVE, order_record
 from store import Database, StoredRequest, decisions_of, list_requests, run_result
 from store.webhooks import list_deliveries
+from tests import forkserver
 from tests.durable.conftest import Broker
 from tests.processes import stop_group
 
@@ -49,7 +49,7 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[Demo]:
     cwd = tmp_path_factory.mktemp("demo")
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "cli.main", "demo"],
         cwd=cwd,
         env=_demo_env(broker),
@@ -170,7 +170,7 @@ def test_keep_leaves_the_inbox_up_with_an_approvers_token_until_ctrl_c_stops_eve
     home = cwd / ".relayq" / "demo"
     out = cwd / "stdout.txt"
     with out.open("wb") as stdout, (cwd / "stderr.txt").open("wb") as stderr:
-        demo = subprocess.Popen(
+        demo = forkserver.spawn(
             [sys.executable, "-m", "cli.main", "demo", "--keep"],
             cwd=cwd, env=_demo_env(broker), stdout=stdout, stderr=stderr,
             start_new_session=True,

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from relayq import ResumeError, RunResult
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import Database, get_run, list_requests, transcript
 from tasks import DurableClient, Settings
+from tests import forkserver
 from tests.brokers import PrivateRedis
 
 from .conftest import ROOT, Durable, Eventually, SpareWorkers, Worker
@@ -215,7 +215,7 @@ with Connection(url, transport_options={"global_keyprefix": prefix}) as conn:
 
 def ghost_takes(durable: Durable, queue: str) -> str:
     """A consumer that takes one message from `queue` and is SIGKILLed holding it."""
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-c", GHOST, durable.settings.broker_url, durable.settings.key_prefix,
          queue],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tasks import DurableClient
+from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
 from workers.flower import credentials, run
@@ -29,7 +30,7 @@ class Flower:
     url: str
     auth: tuple[str, str]
     logfile: Path
-    proc: subprocess.Popen[bytes]
+    proc: forkserver.Proc
 
     async def get(self, path: str, **params: Any) -> Any:
         async with httpx.AsyncClient(auth=self.auth, timeout=5) as http:
@@ -62,7 +63,7 @@ def flower(durable: Durable) -> Iterator[Flower]:
     env = {**durable.env, "RELAYQ_FLOWER_AUTH": f"ops:{password}"}
     logfile = durable.log.parent / f"flower-{port}.log"
     with logfile.open("ab") as out:
-        proc = subprocess.Popen(
+        proc = forkserver.spawn(
             [sys.executable, "-c", f"from workers.flower import run; run(port={port})"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

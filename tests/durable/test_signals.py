@@ -27,6 +27,7 @@ import tests.durable.signal_agents  # noqa: F401  (the host knows the agents, as
 from relayq.relay import answer_output
 from store import get_run
 from tasks import DurableClient
+from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
 
@@ -84,7 +85,7 @@ def _start_flower(spare: Durable) -> Flower:
     env = {**spare.env, "RELAYQ_FLOWER_AUTH": f"ops:{password}"}
     logfile = spare.log.parent / f"flower-{port}.log"
     with logfile.open("ab") as out:
-        proc = subprocess.Popen(
+        proc = forkserver.spawn(
             [sys.executable, "-c", f"from workers.flower import run; run(port={port})"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +23,7 @@ from relayq.providers import ProviderModel
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import Database, RunRow
 from tasks import DurableClient, Settings, tracing
+from tests import forkserver
 from tests.durable.observed_agents import KEY_ENV, metered_agent, metered_reply
 from tests.provider_server import API_KEY, ProviderServer
 
@@ -332,7 +332,7 @@ asyncio.run(main())
 
 def test_relayq_otel_1_sets_the_sdk_up_with_the_exporter_the_environment_names(tmp_path: Path):
     env = {**os.environ, tracing.OTEL_ENV: "1", "OTEL_TRACES_EXPORTER": "console"}
-    out = subprocess.run(
+    out = forkserver.run(
         [sys.executable, "-c", RELAYQ_OTEL_SCRIPT, str(tmp_path)],
         env=env,
         cwd=Path(__file__).resolve().parents[2],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from relayq.relay import (
     relay_calls_of,
     relay_tool,
 )
+from tests import forkserver
 
 from .scripted import Script, call, calls, echo_tool_outputs, text, tool_messages
 
@@ -470,7 +470,7 @@ ROOT = Path(__file__).resolve().parents[2]
 async def test_a_run_halted_in_one_process_resumes_in_another():
 
     def step(name: str, stdin: str = "") -> dict[str, Any]:
-        out = subprocess.run(
+        out = forkserver.run(
             [sys.executable, "-m", "tests.relayq.crossproc", name],
             input=stdin, capture_output=True, text=True, cwd=ROOT, check=True, timeout=30,
         )  # fmt: skip

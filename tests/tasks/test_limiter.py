@@ -23,6 +23,7 @@ from relayq.providers import ProviderConfig, ProviderModel
 from relayq.ratelimit import LimitCounters, LimitedModel, ProviderLimits, Throttled
 from tasks import DurableClient, Settings
 from tasks.limiter import RedisLimiter, limited_model, limiter_for
+from tests import forkserver
 from tests.brokers import PrivateRedis
 from tests.ports import free_port
 from tests.provider_server import API_KEY, ProviderServer, error, openai_calls, openai_text
@@ -59,7 +60,7 @@ def run_crowd(private_redis, prefix, key, *, processes=4, callers=50, **numbers)
     command = [sys.executable, "-m", "tests.tasks.limiter_crowd", private_redis.url, prefix, key]
     command += [str(callers), *options]
     procs = [
-        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        forkserver.spawn(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
         for _ in range(processes)
     ]
     conn = private_redis.client()
