@@ -12,6 +12,7 @@ the embedded broker.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import Counter
 from collections.abc import Generator, Iterator
@@ -81,6 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
             f"{REQUIRE} names {', '.join(unknown)}; it takes {', '.join(PARTS)}"
         )
     config.stash[_PARTS] = Parts(required=names)
+    config.pluginmanager.register(LongFirst(), "relayq-long-first")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
@@ -96,6 +98,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         database = callspec.params.get("database_url", "") if callspec else ""
         # No "]" in the name: xdist takes an "@" before a "]" for a parameter's.
         item.add_marker(pytest.mark.xdist_group(f"{module.__name__}:{database or 'any'}"))
+
+
+class LongFirst:
+    """Lanes take tests in the order collected: the long ones first, so that no lane is
+    still at one when the others have run out of work. Modules that keep to one lane go
+    first (each is one unit of work), and of each kind those that set `START_EARLY = True`."""
+
+    @pytest.hookimpl(trylast=True)  # after the fixtures' own reordering
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items.sort(key=lambda item: _rank(getattr(item, "module", None)))
+
+
+def _rank(module: object) -> tuple[bool, bool]:
+    return not getattr(module, "ONE_LANE", False), not getattr(module, "START_EARLY", False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def collected() -> Iterator[None]:
+    """What a module left unclosed (a store's pool, a socket) is collected as the module
+    ends, so the warning fails that module's last test, not a later one at random."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,6 +12,7 @@ import pytest
 from bench import batch
 
 pytestmark = pytest.mark.timeout(300)
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
 
 def test_the_benchmark_runs_a_batch_beside_interactive_runs_in_each_layout(capsys):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from bench import latency
 
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
+
 
 def test_the_benchmark_measures_pushed_and_polled_waiting_side_by_side(capsys):
     latency.main(["--sequential", "4", "--many", "4"])

@@ -12,6 +12,7 @@ import pytest
 from bench import outage
 
 pytestmark = pytest.mark.timeout(300)
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
 
 def test_the_benchmark_kills_the_provider_under_runs_with_and_without_the_circuit(capsys):

@@ -19,6 +19,7 @@ from bench.peers.tables import print_tables, ratio
 
 pytestmark = pytest.mark.timeout(300)
 ONE_LANE = True  # tests/conftest.py: every system's runs, once for the module's tests
+START_EARLY = True  # and its tests take long, so a lane takes them first
 
 SCENARIOS = [in_flight(runs=3, turns=3, latency=0.05), *per_turn(lengths=[3, 6], total=12)]
 

@@ -12,6 +12,7 @@ import pytest
 from bench import start
 
 pytestmark = pytest.mark.timeout(300)
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
 
 def test_a_batch_started_beside_interactive_runs_costs_them_no_claim_and_no_tool_call(capsys):

@@ -334,11 +334,12 @@ def spare_workers(durable: Durable) -> Iterator[SpareWorkers]:
 
 
 @pytest.fixture
-async def tag(api: Any) -> AsyncIterator[str]:
-    """A word to tag a test's refunds with (`tests.durable.desk`); those still open are
-    declined after the test, so the inbox's oldest-first pages stay free for the next."""
-    from .desk import decline_open, new_tag  # desk imports this module
+async def tag(durable: Durable) -> AsyncIterator[str]:
+    """A word to tag a test's refunds with (`tests.durable.desk`); the runs of those still
+    open are cancelled after the test, so the inbox's oldest-first pages stay free for
+    the next."""
+    from .desk import close_open, new_tag  # desk imports this module
 
     word = new_tag()
     yield word
-    await decline_open(api, word)
+    await close_open(durable, word)

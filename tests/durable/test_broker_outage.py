@@ -30,6 +30,8 @@ from workers.config import celery_config
 from .conftest import Eventually, Worker
 from .outage_agents import release
 
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
+
 LOST = "Connection to broker lost"
 CONNECTED = "Connected to redis://"
 DETACHED = "finished after its broker connection was lost"

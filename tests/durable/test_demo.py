@@ -24,6 +24,7 @@ from tests.durable.conftest import Broker
 from tests.processes import stop_group
 
 ONE_LANE = True  # tests/conftest.py: the demo runs once for the module's tests
+START_EARLY = True  # and its tests take long, so a lane takes them first
 
 ROOT = Path(__file__).resolve().parents[2]
 

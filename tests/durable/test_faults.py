@@ -28,6 +28,8 @@ from tests.brokers import PrivateRedis
 
 from .conftest import ROOT, Durable, Eventually, SpareWorkers, Worker
 
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
+
 BOUND = 30.0
 """The promise: seconds from a death (or the broker's return) to every run moving on."""
 
@@ -204,6 +206,7 @@ async def test_a_retry_waiting_in_a_killed_worker_moves_on_within_the_bound(
 GHOST = """
 import os, signal, sys
 from kombu import Connection
+
 url, prefix, queue = sys.argv[1:4]
 with Connection(url, transport_options={"global_keyprefix": prefix}) as conn:
     ghost = conn.SimpleQueue(queue)

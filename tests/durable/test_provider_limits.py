@@ -7,12 +7,14 @@ how many calls it held at once. Nothing here asserts a duration: counts per
 window, peaks, and what came before what.
 
 A call's moment is reserved in Redis and the call reaches the server a little
-later. That delay varies from call to call, so a window at the server may
-hold one call more than the limit allows: the checks allow that one, and
-space calls 200 ms apart, more than the delay varies here. A worker's first
-call is left out of the windows: it builds the worker's HTTP client (a CA
-bundle, a connection pool) after its moment, and arrives up to a few hundred
-milliseconds late.
+later, by as much as its worker's event loop and the machine's other work make
+it: so a window at the server may hold calls from the moments before it. The
+checks (`assert_kept_to`) hold against that however loaded the machine is: no
+window of two seconds holds more than the limit allows in it and in the `LATE`
+second before it, and the calls span at least the time the limit gives them,
+less `LATE` (a late call only lengthens the span). A worker's first call is
+left out: it builds the worker's HTTP client (a CA bundle, a connection pool)
+after its moment.
 """
 
 from __future__ import annotations
@@ -132,6 +134,23 @@ def most_in_window(calls: list[Call], width: float, weight: Callable[[Call], int
     return best
 
 
+LATE = 1.0
+"""The most seconds a call reaches the server after its reserved moment, even on two
+cores running four lanes of tests."""
+
+
+def assert_kept_to(calls: list[Call], per_second: float, weight: Callable[[Call], int]) -> None:
+    """The calls kept to `per_second` of `weight`: no burst, and no rate above it."""
+    assert calls, "no call reached the server"
+    heaviest = max(weight(c) for c in calls)
+    assert most_in_window(calls, 2.0, weight) <= per_second * (2.0 + LATE) + heaviest
+    # A call's moment is one call's weight after the one before it, so the calls' moments
+    # span all the weight but the last call's; each reached the server late by 0 to LATE.
+    by_arrival = sorted(calls, key=lambda c: c.at)
+    span = by_arrival[-1].at - by_arrival[0].at
+    assert span >= (sum(weight(c) for c in calls) - heaviest) / per_second - LATE
+
+
 StartPair = Callable[..., Durable]
 
 
@@ -214,8 +233,8 @@ async def test_two_workers_keep_to_requests_per_minute_together(
         # When 20 runs (40 calls) start at once
         ids = await run_all(pair, prompt, 20)
 
-    # Then no second at the server saw more than 5 calls (give or take the one)
-    assert most_in_window(provider.warm(prompt), 1.0, lambda c: 1) <= 5 + 1
+    # Then the calls kept to 5 a second
+    assert_kept_to(provider.warm(prompt), 5, lambda c: 1)
     assert_each_turn_answered_once(provider, prompt, 20)
     assert_both_workers_ran_turns(tmp_path)
     # ... every turn waited in place (8 s of calls, under RELAYQ_LIMIT_WAIT), none was retried
@@ -235,9 +254,8 @@ async def test_two_workers_keep_to_tokens_per_minute_together(
         # When 20 runs (40 calls, 4,000 tokens) start at once
         await run_all(pair, prompt, 20)
 
-    # Then no second at the server saw more than 500 tokens: the limit, plus the
-    # call that starts a window, plus the one a delay may bring in
-    assert most_in_window(provider.warm(prompt), 1.0, lambda c: c.tokens) <= 500 + 100 + 100
+    # Then the calls kept to 500 tokens a second
+    assert_kept_to(provider.warm(prompt), 500, lambda c: c.tokens)
     assert_each_turn_answered_once(provider, prompt, 20)
     assert_both_workers_ran_turns(tmp_path)
 
@@ -312,9 +330,5 @@ async def test_turns_that_would_wait_too_long_go_back_to_their_queue_and_none_is
     assert max(requeued(pair, ids).values()) > 2
     # ... and each turn reached the provider once, the limit held, no turn was taken over
     assert_each_turn_answered_once(provider, prompt, 20)
-    # The moments reserved are 0.2 s apart; a call leaves when its worker's loop gets to it.
-    # Here both workers claim, requeue and claim again in bursts on two cores, and a loop
-    # busy at one moment sends that call late, beside the next: one more call in a second
-    # than where the turns wait in place (it failed about one run in six with 5 + 1).
-    assert most_in_window(provider.warm(prompt), 1.0, lambda c: 1) <= 5 + 2
+    assert_kept_to(provider.warm(prompt), 5, lambda c: 1)
     assert {r.crashes for r in runs_of(pair, ids)} == {0}

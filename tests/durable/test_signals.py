@@ -35,6 +35,7 @@ from .conftest import ROOT, Durable, Eventually, SpareWorkers
 from .test_flower import Flower, _answers
 
 ONE_LANE = True  # tests/conftest.py: a worker and Flower per pool, once
+START_EARLY = True  # and its tests take long, so a lane takes them first
 
 TIME_LIMIT = 3.0
 """These workers' RELAYQ_TURN_TIME_LIMIT (Celery's soft limit); a turn's own deadline is 2.25 s."""

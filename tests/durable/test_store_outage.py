@@ -34,6 +34,8 @@ from .conftest import Broker, Eventually, Worker
 from .store_outage_agents import CALLS
 from .test_api import SUBMITTER, TOKENS, serve_in_thread
 
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
+
 BOUND = 30.0
 """Seconds from the store's return to every run finished."""
 OUTAGE = 10.0

@@ -30,6 +30,7 @@ from .pages import (
 )
 
 pytestmark = [pytest.mark.browser, LOOP]
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
 
 @pytest.mark.timeout(180)  # 230 real runs on the session's worker of two, twice, beside five lanes
