@@ -89,11 +89,17 @@ async def stored_request(client: DurableClient, request_id: str) -> StoredReques
 
 
 async def answer_request(
-    client: DurableClient, answer: Answer, *, decider: Decider, partial: bool = False
+    client: DurableClient,
+    answer: Answer,
+    *,
+    decider: Decider,
+    partial: bool = False,
+    decision: bool = False,
 ) -> StoredRequest:
-    """Submit the answer; 404, 409, 413 or 422 from the refusal's type (nothing changed)."""
+    """Submit the answer (given as a decision, with `decision`); 404, 409, 413 or 422 from
+    the refusal's type (nothing changed)."""
     try:
-        await client.submit_answer(answer, partial=partial, decider=decider)
+        await client.submit_answer(answer, partial=partial, decider=decider, decision=decision)
     except ResumeError as exc:
         raise http_error(exc) from exc
     return await stored_request(client, answer.id)

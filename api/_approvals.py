@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 from api._answers import stored_request
 from api._auth import Answerer, Principal, Reader
 from api._errors import http_error
-from relayq import Answer, BulkRefused, ResumeError
+from relayq import Answer, BulkRefused, NotAnApproval, ResumeError
 from relayq.approvals import approve, decline, edit
 from store import Decider, StoredRequest, decisions_of, list_decisions
 from store.answers import MAX_BULK
@@ -187,10 +187,17 @@ def _client(request: Request) -> DurableClient:
 async def decide(
     request_id: str, body: DecisionBody, request: Request, who: Answerer
 ) -> StoredRequest:
-    """Approve, edit or decline an approval request, as the token's holder."""
+    """Approve, edit or decline an approval request, as the token's holder (409 for a
+    request that is not an approval: its answer goes to `/answer`)."""
     client = _client(request)
     try:
-        await client.submit_answer(body.answer(request_id), decider=decider_of(who, "api"))
+        await client.submit_answer(
+            body.answer(request_id), decider=decider_of(who, "api"), decision=True
+        )
+    except NotAnApproval as exc:
+        raise HTTPException(
+            409, f"{exc}: answer it with POST /api/requests/{request_id}/answer"
+        ) from exc
     except ResumeError as exc:
         raise http_error(exc) from exc
     return await stored_request(client, request_id)

@@ -19,6 +19,7 @@ from relayq import (
     CallAnswered,
     ConversationBusy,
     InputTooLarge,
+    NotAnApproval,
     NotAnApprover,
     RelayqError,
     RequestClosed,
@@ -27,7 +28,7 @@ from relayq import (
     UnknownRequest,
     UnstorableInput,
 )
-from store import JobChanged, StoreUnavailable, UnknownBatch, UnknownRun
+from store import JobChanged, JobExists, StoreUnavailable, UnknownBatch, UnknownRun
 from store.paging import BadQuery
 
 __all__ = ["http_error", "refused", "status_of"]
@@ -38,8 +39,10 @@ _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
     (UnknownRun, 404),
     (UnknownBatch, 404),
     (JobChanged, 409),
+    (JobExists, 409),
     (UnknownAgent, 404),
     (NotAnApprover, 403),
+    (NotAnApproval, 409),
     (RequestClosed, 409),
     (AlreadyVoted, 409),
     (BulkRefused, 409),

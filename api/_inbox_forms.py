@@ -57,9 +57,12 @@ async def _refused(
     )
 
 
-async def _decide(request: Request, who: Principal, answer: Answer, done: str, to: str) -> Response:
+async def _decide(
+    request: Request, who: Principal, answer: Answer, done: str, to: str, *, decision: bool = False
+) -> Response:
+    client, decider = client_of(request), decider_of(who, "inbox")
     try:
-        stored = await answer_request(client_of(request), answer, decider=decider_of(who, "inbox"))
+        stored = await answer_request(client, answer, decider=decider, decision=decision)
     except HTTPException as exc:
         return await _refused(request, who, answer.id, exc)
     if stored.status == "open" and stored.quorum > 1:  # a vote towards a quorum
@@ -95,7 +98,8 @@ async def edit_arguments(
         arguments = _arguments(stored, await request.form())
     except HTTPException as exc:
         return await _refused(request, who, request_id, exc)
-    return await _decide(request, who, edit(request_id, arguments), "edited", next)
+    answer = edit(request_id, arguments)
+    return await _decide(request, who, answer, "edited", next, decision=True)
 
 
 def _arguments(stored: StoredRequest, form: FormData) -> dict[str, Any]:

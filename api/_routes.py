@@ -72,8 +72,9 @@ router = APIRouter(prefix="/api", tags=["api"])
 async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
     """Start a run of `agent` on `prompt`.
 
-    404: no such agent. 413: the prompt is over the size limit. 422: it holds
-    what the store cannot keep (a NUL character, a lone surrogate).
+    404: no such agent. 409: its batch already has a run of `jobId`. 413: the
+    prompt is over the size limit. 422: it holds what the store cannot keep (a
+    NUL character, a lone surrogate).
     """
     # Refusals (UnknownAgent, InputTooLarge, ...) answer by their type: see api._errors.
     client = _client(request)

@@ -37,7 +37,8 @@ from cli._common import (
 )
 from cli.approvals import cli_decider, decision_answer, os_user
 from cli.render import MessagePrinter, age, clip, print_pending, print_requests, status_style
-from relayq import Answer, RunResult
+from relayq import Answer, NotAnApproval, RunResult
+from relayq.approvals import is_approval
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
 from store import (
     FINISHED,
@@ -356,7 +357,14 @@ def answer(
     who = cli_decider(answered_by, group or [])
 
     async def submit(client: DurableClient) -> tuple[str, str, str]:
-        if approve or edits:
+        deciding = approve or bool(edits)
+        known = await asyncio.to_thread(get_request, client.db, request_id)
+        if deciding and not is_approval(known.request):
+            fail(_answer_it(request_id, known.request.kind))
+        if (output is not None or results is not None) and is_approval(known.request):
+            ways = "--approve, --edit or --decline"
+            fail(f"request {request_id} is an approval: decide it with {ways}")
+        if deciding:
             reply = decision_answer(client, request_id, approving=approve, edits=edits)
             verb = "approved" if approve else "approved with edits"
         elif output is not None:
@@ -365,7 +373,12 @@ def answer(
             reply, verb = relay_answer(request_id, _results_file(results)), "answered"
         else:
             reply, verb = answer_declined(request_id, decline or "declined"), "declined"
-        run_id = await client.submit_answer(reply, partial=partial, decider=who)
+        try:
+            run_id = await client.submit_answer(
+                reply, partial=partial, decider=who, decision=deciding
+            )
+        except NotAnApproval as exc:
+            fail(_answer_it(request_id, exc.kind))
         stored = await asyncio.to_thread(get_request, client.db, request_id)
         return run_id, stored.status, verb
 
@@ -376,6 +389,13 @@ def answer(
         out.print(f"{verb} {request_id} {recorded}; it stays open for more answers or votes")
     else:
         out.print(f"{verb} {request_id} {recorded}; run {run_id} goes on (relayq show {run_id})")
+
+
+def _answer_it(request_id: str, kind: str) -> str:
+    return (
+        f"request {request_id} is a {kind} request, not an approval: "
+        "answer it with --output or --results (or --decline)"
+    )
 
 
 def _results_file(path: Path) -> list[RelayResult]:

@@ -10,6 +10,8 @@
     │   ├── ConversationBusy     the conversation has a run that is not finished
     │   ├── NotAnApprover        the decider is not in the request's approver groups, or
     │   │                        started the run and the request forbids self-approval
+    │   ├── NotAnApproval        a decision on a request that is not an approval (a relay
+    │   │                        tool's request takes its calls' results)
     │   ├── AlreadyVoted         the decider has already voted on this request
     │   ├── BulkRefused          a decision on many requests refused whole: `.refused` says why
     │   └── UnstorableAnswer     it holds what the store cannot keep (a NUL, a lone surrogate, ...)
@@ -33,6 +35,7 @@
     ├── UnknownRun           no run has that id (store.errors)
     ├── UnknownBatch         no batch has that id (store.batches)
     ├── JobChanged           a batch's rerun changes a job's prompt, or its agent (store.batches)
+    ├── JobExists            a run names a job its batch already ran (store.errors)
     ├── BadQuery             a listing's filter, sort, page size or cursor refused (store.paging)
     ├── StaleClaim           a turn lost its claim on its run; it writes nothing (store.errors)
     ├── StoreUnavailable     the store cannot be reached or take the call now; try again
@@ -45,8 +48,8 @@
 
 The API and the CLI choose a status code and a message from an error's type
 alone: UnknownRequest, UnknownRun, UnknownBatch and UnknownAgent are 404;
-NotAnApprover 403; RequestClosed, CallAnswered, AlreadyVoted, BulkRefused,
-ConversationBusy and JobChanged 409;
+NotAnApprover 403; RequestClosed, CallAnswered, NotAnApproval, AlreadyVoted,
+BulkRefused, ConversationBusy, JobChanged and JobExists 409;
 AnswerTooLarge and InputTooLarge 413; every other ResumeError, UnstorableInput and
 BadQuery 422; StoreUnavailable 503, with Retry-After.
 
@@ -73,6 +76,7 @@ __all__ = [
     "UnknownRequest",
     "InputTooLarge",
     "ModelError",
+    "NotAnApproval",
     "NotAnApprover",
     "RelayqError",
     "ResumeError",
@@ -167,6 +171,21 @@ class NotAnApprover(ResumeError):
         self.args = (request_id, decider, why, message)
         self.decider = decider
         self.why = why
+
+
+class NotAnApproval(ResumeError):
+    """A decision (approve, edit, decline) on a request that is not an approval: a relay
+    tool's request takes its calls' results, never a stock "approved". `kind` is the
+    request's. Nothing was changed."""
+
+    def __init__(self, request_id: str, kind: str) -> None:
+        super().__init__(
+            f"request {request_id} is a {kind} request, not an approval: "
+            "it takes an answer, not a decision",
+            request_id,
+        )
+        self.args = (request_id, kind)
+        self.kind = kind
 
 
 class AlreadyVoted(ResumeError):

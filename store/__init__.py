@@ -19,7 +19,7 @@ from store.batches import (
     start_batch,
 )
 from store.db import Database, default_database_url
-from store.errors import StaleClaim, StoreBusy, StoreUnavailable, UnknownRun
+from store.errors import JobExists, StaleClaim, StoreBusy, StoreUnavailable, UnknownRun
 from store.ledger import ledger_get, ledger_put, ledger_start
 from store.maintenance import Recovery, SweepReport, sweep
 from store.migrate import migrate
@@ -137,6 +137,7 @@ __all__ = [
     # batches
     "BatchStatus",
     "JobChanged",
+    "JobExists",
     "Started",
     "UnknownBatch",
     "batch_results",

@@ -20,6 +20,7 @@ from relayq import (
     Answer,
     BulkRefused,
     CallAnswered,
+    NotAnApproval,
     Request,
     RequestClosed,
     ResumeError,
@@ -74,16 +75,19 @@ def accept_answer(
     answered_by: str | None = None,
     partial: bool = False,
     decider: Decider | None = None,
+    decision: bool = False,
 ) -> Accepted:
     """Validate `answer` and record it; ResumeError, with nothing changed, if it does not fit.
 
     `decider` is who answers, as the audit trail keeps it (by default `answered_by`,
     through Python). An approval's answer is that decider's vote (`store.votes`).
+    With `decision` the answer was given as a decision (approve, edit, decline):
+    NotAnApproval for a request that is not an approval.
     """
     who = decider or Decider(name=answered_by or "anonymous")
     check_answer(answer, answered_by=who.name)  # what the store cannot keep, refused first
     with db.write() as s:
-        return _accept(s, answer, who, partial=partial, now=utcnow())
+        return _accept(s, answer, who, partial=partial, now=utcnow(), decision=decision)
 
 
 MAX_BULK = 1000
@@ -121,7 +125,7 @@ def accept_many(
             try:
                 if seen is not None:
                     _check_revision(s, answer.id, seen)
-                accepted.append(_accept(s, answer, decider, partial=False, now=now))
+                accepted.append(_accept(s, answer, decider, partial=False, now=now, decision=False))
             except ResumeError as exc:
                 refused.append((answer.id, str(exc)))
         if refused:
@@ -137,13 +141,17 @@ def _check_revision(s: Session, request_id: str, seen: int) -> None:
         )
 
 
-def _accept(s: Session, answer: Answer, who: Decider, *, partial: bool, now: datetime) -> Accepted:
+def _accept(
+    s: Session, answer: Answer, who: Decider, *, partial: bool, now: datetime, decision: bool
+) -> Accepted:
     row, run = _lock(s, answer.id)
     if row is None:
         raise UnknownRequest(answer.id)
     _check_open(s, row, now)
     assert run is not None
     request = request_of(row)
+    if decision and not is_approval(request):
+        raise NotAnApproval(row.id, row.kind)
     if is_approval(request):
         resolved = vote(s, row, run, request, answer, who, partial=partial, now=now)
         row.revision += 1

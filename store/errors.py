@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from relayq import RelayqError
 
-__all__ = ["StaleClaim", "StoreBusy", "StoreUnavailable", "UnknownRun"]
+__all__ = ["JobExists", "StaleClaim", "StoreBusy", "StoreUnavailable", "UnknownRun"]
 
 
 class UnknownRun(RelayqError):
@@ -16,6 +16,24 @@ class UnknownRun(RelayqError):
 
     def __str__(self) -> str:
         return f"unknown run id {self.run_id!r}"
+
+
+class JobExists(RelayqError):
+    """A run named a batch's job that already has a run: a job runs once in its batch.
+    Nothing was started."""
+
+    def __init__(self, batch_id: str, job_ids: list[str]) -> None:
+        super().__init__(batch_id, job_ids)
+        self.batch_id = batch_id
+        self.job_ids = job_ids
+
+    def __str__(self) -> str:
+        shown = ", ".join(repr(j) for j in self.job_ids[:5])
+        more = f" and {len(self.job_ids) - 5} more" if len(self.job_ids) > 5 else ""
+        return (
+            f"batch {self.batch_id!r} already has a run of job {shown}{more}; "
+            "nothing was started (a job runs once in its batch: give it another job id)"
+        )
 
 
 class StaleClaim(RelayqError):

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from relayq import ConversationBusy, ResumeError
@@ -19,7 +20,7 @@ from relayq import _transcript as tx
 from relayq.limits import check_run_input
 from store import statements as sql
 from store.db import Database
-from store.errors import UnknownRun
+from store.errors import JobExists, UnknownRun
 from store.events import emit
 from store.messages import conversation, message_row, message_values
 from store.models import FINISHED, OutboxRow, RunRow, utcnow
@@ -107,27 +108,33 @@ def create_run(
             job_ids=None if job_id is None else [job_id],
             budget=budget,
         )[0]
-    with db.write() as s:
-        history = conversation(s, conv)
-        _check_can_continue(s, conv, history)
-        run = RunRow(
-            id=run_id,
-            agent=agent,
-            conversation_id=conv,
-            status="queued",
-            start_seq=len(history),
-            tools_digest=tools_digest,
-            started_by=started_by,
-            batch_id=batch_id,
-            job_id=job_id,
-            budget=budget,
-            created_at=now,
-            updated_at=now,
-        )
-        s.add(run)
-        s.add(message_row(run, len(history), tx.user_message(prompt, run_id)))
-        s.flush()
-        return enqueue_turn(s, run_id, run.version, label=label_of(run), queue=queue or TURN_QUEUE)
+    try:
+        with db.write() as s:
+            history = conversation(s, conv)
+            _check_can_continue(s, conv, history)
+            run = RunRow(
+                id=run_id,
+                agent=agent,
+                conversation_id=conv,
+                status="queued",
+                start_seq=len(history),
+                tools_digest=tools_digest,
+                started_by=started_by,
+                batch_id=batch_id,
+                job_id=job_id,
+                budget=budget,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(run)
+            s.add(message_row(run, len(history), tx.user_message(prompt, run_id)))
+            s.flush()
+            return enqueue_turn(
+                s, run_id, run.version, label=label_of(run), queue=queue or TURN_QUEUE
+            )
+    except IntegrityError:
+        _refuse_taken_jobs(db, batch_id, [job_id] if job_id is not None else [])
+        raise
 
 
 def create_runs(
@@ -155,20 +162,40 @@ def create_runs(
     placed = list(enumerate(job_ids)) if job_ids is not None else None
     outbox: list[OutboxRow] = []
     for part in chunked(db, range(len(runs))):
-        with db.transaction() as conn:
-            written = insert_runs(
-                conn,
-                agent=agent,
-                runs=[runs[n] for n in part],
-                tools_digest=tools_digest,
-                queue=queue,
-                started_by=started_by,
-                batch_id=batch_id,
-                jobs=None if placed is None else [placed[n] for n in part],
-                budget=budget,
-            )
+        jobs = None if placed is None else [placed[n] for n in part]
+        try:
+            with db.transaction() as conn:
+                written = insert_runs(
+                    conn,
+                    agent=agent,
+                    runs=[runs[n] for n in part],
+                    tools_digest=tools_digest,
+                    queue=queue,
+                    started_by=started_by,
+                    batch_id=batch_id,
+                    jobs=jobs,
+                    budget=budget,
+                )
+        except IntegrityError:
+            _refuse_taken_jobs(db, batch_id, [job for _, job in jobs or []])
+            raise
         outbox += written.rows()
     return outbox
+
+
+def _refuse_taken_jobs(db: Database, batch_id: str | None, job_ids: list[str]) -> None:
+    """JobExists if a run of `batch_id` holds any of `job_ids` (the unique index's refusal,
+    named); else the caller's IntegrityError was about something else."""
+    if batch_id is None or not job_ids:
+        return
+    with db.read() as s:
+        taken = s.exec(
+            select(RunRow.job_id).where(
+                RunRow.batch_id == batch_id, col(RunRow.job_id).in_(job_ids)
+            )
+        ).all()
+    if taken:
+        raise JobExists(batch_id, sorted({str(j) for j in taken}, key=job_ids.index)) from None
 
 
 def insert_runs(

@@ -510,6 +510,7 @@ class DurableClient:
         answered_by: str | None = None,
         partial: bool = False,
         decider: Decider | None = None,
+        decision: bool = False,
     ) -> str:
         """Validate and record an answer, then resume its run; returns the run id (in
         eager mode, once the run has settled again).
@@ -525,7 +526,9 @@ class DurableClient:
         not fit its calls; UnstorableAnswer (AnswerTooLarge) for one the store
         cannot keep. Of two answers to one request exactly one is taken. With
         `partial`, the results are kept and the request stays open until every
-        call has one.
+        call has one. With `decision`, the answer was given as a decision (approve,
+        edit, decline): NotAnApproval, changing nothing, for a request that is not
+        an approval, whose calls take results instead.
         """
         reply = _answer_of(answer)
         who = decider.name if decider is not None else answered_by
@@ -538,6 +541,7 @@ class DurableClient:
             answered_by=answered_by,
             partial=partial,
             decider=decider,
+            decision=decision,
         )
         via = decider.via if decider is not None else "python"
         await tracing.decided(self.db, [(reply.id, reply.ok, accepted)], since=since, via=via)

@@ -486,6 +486,30 @@ async def test_malformed_or_unknown_runs_are_refused_and_none_is_created(api: Ap
         assert (await submitter.get("/api/runs", params={"limit": 1000})).json() == before
 
 
+async def test_a_run_naming_a_job_its_batch_already_ran_is_a_409_naming_it(
+    api: ApiServer, prompt: str
+):
+    batch = f"batch-{uuid.uuid4().hex[:8]}"
+    body = {"agent": "lookup", "prompt": prompt, "batchId": batch, "jobId": "job-7"}
+    async with api.http(SUBMITTER) as submitter:
+        first = await submitter.post("/api/runs", json=body)
+        assert first.status_code == 201, first.text
+        runs: dict[str, Any] = {"agent": "lookup", "limit": 1000}
+        before = {r["id"] for r in (await submitter.get("/api/runs", params=runs)).json()}
+
+        again = await submitter.post("/api/runs", json={**body, "prompt": f"{prompt} again"})
+
+        assert again.status_code == 409, again.text
+        assert again.json()["detail"] == (
+            f"batch {batch!r} already has a run of job 'job-7'; nothing was started "
+            "(a job runs once in its batch: give it another job id)"
+        )
+        after = {r["id"] for r in (await submitter.get("/api/runs", params=runs)).json()}
+        assert after == before
+        other = await submitter.post("/api/runs", json={**body, "jobId": "job-8"})
+        assert other.status_code == 201, other.text
+
+
 async def test_a_cancelled_run_cancels_its_request_and_takes_no_answer(
     api: ApiServer, eventually: Eventually, prompt: str
 ):

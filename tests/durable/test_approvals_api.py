@@ -118,3 +118,44 @@ async def test_the_audit_trail_pages_back_without_repeats(api: ApiServer):
         bad = await http.get("/api/audit", params={"cursor": "not-a-cursor"})
     assert second["items"][0]["id"] < first["items"][0]["id"]
     assert bad.status_code == 422
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"decision": "approve"}, id="approve"),
+        pytest.param({"decision": "edit", "arguments": {"q": "x"}}, id="edit"),
+        pytest.param({"decision": "decline", "reason": "no"}, id="decline"),
+    ],
+)
+async def test_a_decision_on_a_relay_request_is_a_409_naming_its_answer_route_and_changes_nothing(
+    api: ApiServer, prompt: str, eventually: Eventually, body: dict[str, Any]
+):
+    # Given a run waiting on a relay tool's call (no approval)
+    async with api.http(STARTER) as http:
+        res = await http.post("/api/runs", json={"agent": "lookup", "prompt": prompt})
+    assert res.status_code == 201, res.text
+    stored = await open_request(api, res.json()["id"], eventually, token=VIC)
+    rid = stored["request"]["id"]
+    assert stored["request"]["kind"] == "tool_call"
+
+    # When an approver posts a decision on it
+    refused = await _decide(api, BEN, rid, **body)
+
+    # Then it is refused, naming the way to answer it, and nothing was kept
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["detail"] == (
+        f"request {rid} is a tool_call request, not an approval: it takes an answer, not a "
+        f"decision: answer it with POST /api/requests/{rid}/answer"
+    )
+    async with api.http(VIC) as http:
+        after = (await http.get(f"/api/requests/{rid}")).json()
+        trail = (await http.get(f"/api/requests/{rid}/decisions")).json()
+    assert (after["status"], after["revision"], trail) == ("open", stored["revision"], [])
+
+    # ... and its answer route still takes the host's result, which the model gets
+    async with api.http(BEN) as http:
+        answered = await http.post(f"/api/requests/{rid}/answer", json={"output": "sunny"})
+    assert answered.status_code == 200, answered.text
+    run = await settled_run(api, stored["runId"], eventually, token=VIC)
+    assert "sunny" in run["text"]

@@ -756,3 +756,35 @@ def test_a_bad_jobs_file_is_refused_whole_and_starts_nothing(
     assert store_snapshot(durable) == before
     assert not output.exists()
     assert not (tmp_path / "out.jsonl.runs").exists()
+
+
+def test_a_decision_on_a_relay_request_and_a_result_for_an_approval_are_refused_naming_the_way(
+    cli: Callable[..., Result], durable: Durable, prompt: str
+):
+    # Given a run halted on its relay call, and a refund waiting on its approvers
+    run_id, relay_id = halt_on_lookup(cli, prompt)
+    refund = cli("run", "refunds", f"{prompt} refund", "--timeout", "30")
+    assert refund.exit_code == 0, refund.output
+    approval_id = request_id_in(refund.stdout)
+    before = store_snapshot(durable)
+
+    # When the relay request is approved or edited, and the approval given a result
+    approved = one_error_line(cli("answer", relay_id, "--approve"))
+    edited = one_error_line(cli("answer", relay_id, "--edit", "q=x"))
+    output = one_error_line(cli("answer", approval_id, "--output", "yes"))
+
+    # Then each is refused with the way to answer it, and nothing changed
+    way = "answer it with --output or --results (or --decline)"
+    assert approved == edited
+    assert approved == (
+        f"relayq: error: request {relay_id} is a tool_call request, not an approval: {way}"
+    )
+    assert output == (
+        f"relayq: error: request {approval_id} is an approval: "
+        "decide it with --approve, --edit or --decline"
+    )
+    assert store_snapshot(durable) == before
+
+    # ... and the relay request still takes its result
+    assert cli("answer", relay_id, "--output", "found it").exit_code == 0
+    assert settle(durable, run_id, "done").text == "found it"

@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Iterator
 from html import escape, unescape
+from typing import Any
 
 import pytest
 
@@ -532,13 +533,18 @@ async def test_the_api_decides_many_at_once_or_none_naming_each_refusal(
         )
 
 
+async def waiting_lookup(api: ApiServer, eventually: Eventually, prompt: str) -> dict[str, Any]:
+    """The open request of a `lookup` run sue starts: a relay tool's, no approval."""
+    async with api.http(SUE) as sue:
+        res = await sue.post("/api/runs", json={"agent": "lookup", "prompt": prompt})
+    assert res.status_code == 201, res.text
+    return await open_request(api, res.json()["id"], eventually, token=VAL)
+
+
 async def test_the_api_refuses_to_approve_a_relay_request_in_bulk(
     api: ApiServer, eventually: Eventually, prompt: str
 ):
-    async with api.http(SUE) as sue:
-        res = await sue.post("/api/runs", json={"agent": "lookup", "prompt": prompt})
-    run_id = res.json()["id"]
-    stored = await open_request(api, run_id, eventually, token=VAL)
+    stored = await waiting_lookup(api, eventually, prompt)
     async with api.http(GIL) as gil:
         body = {"decision": "approve", "requests": [{"id": stored["request"]["id"]}]}
         res = await gil.post("/api/requests/decisions", json=body)
@@ -548,6 +554,34 @@ async def test_the_api_refuses_to_approve_a_relay_request_in_bulk(
         assert (
             await gil.post(f"/api/requests/{stored['request']['id']}/answer", json=answer)
         ).status_code == 200
+
+
+async def test_the_inbox_refuses_an_edit_of_a_relay_request_and_keeps_nothing(
+    api: ApiServer, eventually: Eventually, prompt: str
+):
+    # Given a run waiting on a relay tool's call
+    stored = await waiting_lookup(api, eventually, prompt)
+    run_id = stored["runId"]
+    request_id = stored["request"]["id"]
+
+    # When gil posts the edit form for it (a decision, which only an approval takes)
+    async with inbox_session(api, GIL) as (http, csrf):
+        edited = await http.post(
+            f"/requests/{request_id}/edit", data={"csrf_token": csrf, "arg:q": "x"}
+        )
+
+        # Then the request's page comes back with a 409 saying why, and it stays open
+        assert edited.status_code == 409, edited.text
+        assert "is a tool_call request, not an approval" in edited.text
+        async with api.http(VAL) as viewer:
+            after = (await viewer.get(f"/api/requests/{request_id}")).json()
+        assert (after["status"], after["revision"]) == ("open", stored["revision"])
+        # ... to be answered with its result, which the model gets
+        answered = await http.post(
+            f"/requests/{request_id}/approve", data={"csrf_token": csrf, "output": "done"}
+        )
+        assert answered.status_code == 303
+    assert (await settled_run(api, run_id, eventually, token=VAL))["text"] == "done"
 
 
 async def test_a_slack_messages_link_opens_the_requests_page_in_the_inbox(
