@@ -26,7 +26,8 @@ def test_the_package_exports_exactly_these_names():
             "create_in_process_client", "create_toolkit", "define_tool", "pending", "tool",
             "AlreadyVoted", "AnswerMismatch", "AnswerTooLarge", "BulkRefused", "CallAnswered",
             "ConversationBusy",
-            "InputTooLarge", "NotAnApprover", "RequestClosed", "UnknownAgent", "UnknownRequest",
+            "InputTooLarge", "NotAnApproval", "NotAnApprover", "RequestClosed", "UnknownAgent",
+            "UnknownRequest",
             "UnstorableAnswer", "UnstorableInput",
         ]
     )  # fmt: skip
