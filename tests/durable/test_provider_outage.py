@@ -124,10 +124,20 @@ async def test_runs_ride_out_an_outage_longer_than_their_retries_without_spendin
     assert f"provider {PROVIDER} answers again: circuit closed" in log
 
 
+@pytest.fixture
+def long_model_server() -> Iterator[ServerProcess]:
+    """A model server whose runs take 40 calls: none can end in the moment between the
+    server's count of answers being seen and its kill, however loaded the machine."""
+    server = ServerProcess(free_port(), "--latency", "0.05", "--turns", "40").start()
+    yield server
+    server.kill()
+
+
 async def test_a_provider_down_past_the_outage_limit_fails_its_runs_saying_so(
-    spare_workers: SpareWorkers, model_server: ServerProcess, eventually: Eventually
+    spare_workers: SpareWorkers, long_model_server: ServerProcess, eventually: Eventually
 ):
     # Given a worker whose runs may wait 2 s for a provider that is down
+    model_server = long_model_server
     spare = start_worker(spare_workers, model_server, RELAYQ_PROVIDER_OUTAGE_LIMIT="2")
     async with DurableClient(settings=spare.settings) as client:
         batch_id = await start_batch(client)
