@@ -416,7 +416,9 @@ def _wrap(fd: int, writing: bool, text: bool, options: dict[str, Any]) -> IO[Any
 
 
 def _serve(address: str, ready_fd: int) -> None:
-    """Preload, say ready, then fork a child for each request until stdin ends."""
+    """Preload, say ready, then fork a child for each request until stdin ends or the lane
+    that started it is gone (a process the lane forked may hold stdin's other end)."""
+    lane = os.getppid()
     try:
         for name in PRELOAD:
             __import__(name)
@@ -441,7 +443,7 @@ def _serve(address: str, ready_fd: int) -> None:
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(wake_r, selectors.EVENT_READ, "child")
     selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
-    while True:
+    while os.getppid() == lane:
         for key, _ in selector.select(timeout=1.0):
             if key.data == "stdin" and not os.read(sys.stdin.fileno(), 4096):
                 return

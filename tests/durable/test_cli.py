@@ -93,10 +93,20 @@ def settle(durable: Durable, run_id: str, status: str, timeout: float = 30.0) ->
 
 
 def store_snapshot(durable: Durable) -> tuple[list[Any], list[StoredRequest]]:
-    """Every run's id and status, and every request: what a refused command must not change."""
+    """Every run's id and status, and every request: what a refused command must not change.
+
+    Taken once no run is queued or running (within 30 s): an earlier test's runs that the
+    lane's worker is still taking would change it on their own."""
     db = durable.db()
     try:
-        runs = [(r.id, r.status, r.version) for r in list_runs(db, limit=1_000_000)]
+        deadline = time.monotonic() + 30
+        while True:
+            listed = list_runs(db, limit=1_000_000)
+            moving = any(r.status in ("queued", "running") for r in listed)
+            if not moving or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        runs = [(r.id, r.status, r.version) for r in listed]
         return runs, list_requests(db, status=None, limit=1_000_000)
     finally:
         db.dispose()
