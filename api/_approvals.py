@@ -27,7 +27,8 @@ from pydantic.alias_generators import to_camel
 
 from api._answers import stored_request
 from api._auth import Answerer, Principal, Reader
-from api._errors import http_error
+from api._errors import http_error, refusals
+from api._limits import Keepable
 from relayq import Answer, BulkRefused, NotAnApproval, ResumeError
 from relayq.approvals import approve, decline, edit
 from store import Decider, StoredRequest, decisions_of, list_decisions
@@ -37,7 +38,7 @@ from tasks import DurableClient
 
 __all__ = ["BulkBody", "DecisionBody", "DecisionOut", "decider_of", "router"]
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 422, 503))
 
 
 class DecisionBody(BaseModel):
@@ -48,7 +49,7 @@ class DecisionBody(BaseModel):
     decision: Literal["approve", "edit", "decline"]
     arguments: dict[str, Any] | None = None
     """The edited arguments (`edit` only), checked against the tool's schema."""
-    reason: str | None = Field(default=None, max_length=2000)
+    reason: Keepable | None = Field(default=None, max_length=2000)
     """Why it is declined (`decline` only, required there)."""
 
     @model_validator(mode="after")
@@ -130,7 +131,7 @@ class AuditPage(BaseModel):
 class BulkItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    id: str
+    id: Keepable
     revision: int | None = None
     """The request's `revision` as listed (the preview): decided or voted on since, it
     is refused. Leave out to decide it as it is now."""
@@ -142,7 +143,7 @@ class BulkBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     decision: Literal["approve", "decline"]
-    reason: str | None = Field(default=None, max_length=2000)
+    reason: Keepable | None = Field(default=None, max_length=2000)
     requests: list[BulkItem] = Field(min_length=1, max_length=MAX_BULK)
 
     @model_validator(mode="after")
@@ -183,7 +184,7 @@ def _client(request: Request) -> DurableClient:
     return client
 
 
-@router.post("/requests/{request_id}/decision")
+@router.post("/requests/{request_id}/decision", responses=refusals(400, 403, 404, 409, 413))
 async def decide(
     request_id: str, body: DecisionBody, request: Request, who: Answerer
 ) -> StoredRequest:
@@ -203,7 +204,9 @@ async def decide(
     return await stored_request(client, request_id)
 
 
-@router.post("/requests/decisions", response_model=BulkDone)
+@router.post(
+    "/requests/decisions", response_model=BulkDone, responses=refusals(400, 403, 404, 409, 413)
+)
 async def decide_many(body: BulkBody, request: Request, who: Answerer) -> BulkDone | JSONResponse:
     """Approve or decline many approval requests at once, all or nothing: if any of
     them cannot take the decision (decided or voted on since its listed revision, not
@@ -221,7 +224,7 @@ async def decide_many(body: BulkBody, request: Request, who: Answerer) -> BulkDo
     return BulkDone(decided=list(revisions), resumed=resumed)
 
 
-@router.get("/requests/{request_id}/decisions")
+@router.get("/requests/{request_id}/decisions", responses=refusals(404))
 async def decisions(request_id: str, request: Request, who: Reader) -> list[DecisionOut]:
     """Every decision and vote on the request, oldest first (404 for an unknown request)."""
     client = _client(request)
@@ -242,8 +245,8 @@ async def audit(
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> AuditPage:
-    """The audit trail, newest first, filtered, a page at a time."""
-    before = _cursor(cursor)
+    """The audit trail, newest first, filtered, a page at a time; `nextCursor` carries
+    the filters, so `?cursor=` alone gives the next page of the same trail."""
     rows, more = await asyncio.to_thread(
         list_decisions,
         _client(request).db,
@@ -252,17 +255,7 @@ async def audit(
         actor=actor,
         agent=agent,
         outcome=outcome,
-        before_id=before,
+        cursor=cursor,
         limit=limit,
     )
-    return AuditPage(
-        items=[DecisionOut.of(r) for r in rows], next_cursor=None if more is None else str(more)
-    )
-
-
-def _cursor(cursor: str | None) -> int | None:
-    if cursor is None:
-        return None
-    if not (cursor.isascii() and cursor.isdigit()):
-        raise HTTPException(422, "cursor is the nextCursor of an earlier page")
-    return int(cursor)
+    return AuditPage(items=[DecisionOut.of(r) for r in rows], next_cursor=more)

@@ -1,6 +1,6 @@
 """Batches over HTTP: start one, see where it stands, cancel it, export its results.
 
-    POST /api/batches                {agent, jobs: [{id, prompt}], batchId?, restartChanged?}
+    POST /api/batches                {agent, jobs: [{id, prompt}], batchId?, name?, restartChanged?}
     GET  /api/batches                ?agent=&limit=&before=   newest first
     GET  /api/batches/{id}           counts, open requests, tokens, rate, ETA
     POST /api/batches/{id}/cancel
@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from api._auth import Reader, Submitter
+from api._errors import refusals
+from api._limits import Keepable
 from relayq import Budget
 from relayq.agents import get_agent
 from store import batch_results, batch_status, cancel_batch, list_batches, result_of
@@ -34,23 +36,25 @@ __all__ = ["MAX_JOBS", "NewBatch", "router"]
 MAX_JOBS = 10_000
 """Jobs one request may start; more go in further posts of the same batch id."""
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 422, 503))
 
 
 class NewJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1, max_length=200)
+    id: Keepable = Field(min_length=1, max_length=200)
     prompt: str = Field(min_length=1)
 
 
 class NewBatch(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True)
 
-    agent: str = Field(min_length=1)
+    agent: Keepable = Field(min_length=1)
     jobs: list[NewJob] = Field(min_length=1, max_length=MAX_JOBS)
-    batch_id: str | None = Field(default=None, min_length=1, max_length=200)
+    batch_id: Keepable | None = Field(default=None, min_length=1, max_length=200)
     """Post more jobs to it, or post it again after a failure: no job starts twice."""
+    name: Keepable | None = Field(default=None, min_length=1, max_length=200)
+    """What a new batch is known by (`relayq batch` finds a batch by its name)."""
     restart_changed: bool = False
     budget: Budget | None = None
     """What all the batch's runs together may spend (a later post's replaces it)."""
@@ -70,13 +74,14 @@ def _client(request: Request) -> DurableClient:
     return client
 
 
-@router.post("/batches", status_code=201)
+@router.post("/batches", status_code=201, responses=refusals(400, 403, 404, 409, 413))
 async def start(body: NewBatch, request: Request, who: Submitter) -> dict[str, Any]:
     """Start the batch's jobs that have no run yet; returns every job's run."""
     started = await _client(request).start_batch(
         get_agent(body.agent),
         [(job.id, job.prompt) for job in body.jobs],
         batch_id=body.batch_id,
+        name=body.name,
         started_by=who.name,
         restart_changed=body.restart_changed,
         budget=body.budget,
@@ -85,7 +90,7 @@ async def start(body: NewBatch, request: Request, who: Submitter) -> dict[str, A
     return {"id": started.batch_id, "runs": started.runs, "started": started.started}
 
 
-@router.get("/batches")
+@router.get("/batches", responses=refusals(404))
 async def batches(
     request: Request,
     who: Reader,
@@ -101,20 +106,28 @@ async def batches(
     return {"items": [b.to_wire(now) for b in found]}
 
 
-@router.get("/batches/{batch_id}")
+@router.get("/batches/{batch_id}", responses=refusals(404))
 async def status(batch_id: str, request: Request, who: Reader) -> dict[str, Any]:
     found = await asyncio.to_thread(batch_status, _client(request).db, batch_id)
     return found.to_wire(datetime.now(UTC))
 
 
-@router.post("/batches/{batch_id}/cancel")
+@router.post("/batches/{batch_id}/cancel", responses=refusals(403, 404))
 async def cancel(batch_id: str, request: Request, who: Submitter) -> dict[str, Any]:
     """Cancel every unfinished run; `cancelled` counts them by the status they were in."""
     asked = await asyncio.to_thread(cancel_batch, _client(request).db, batch_id)
     return {"id": batch_id, "cancelled": dict(asked)}
 
 
-@router.get("/batches/{batch_id}/results")
+_LINES = {
+    "description": "One JSON line per job, in the input's order.",
+    "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+}
+
+
+@router.get(
+    "/batches/{batch_id}/results", response_class=Response, responses={200: _LINES, **refusals(404)}
+)
 async def results(batch_id: str, request: Request, who: Reader) -> Response:
     """One JSON line per job, in the input's order: {id, run_id, status, text, error}."""
     rows = await asyncio.to_thread(batch_results, _client(request).db, batch_id)

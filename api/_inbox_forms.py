@@ -9,14 +9,16 @@ worked redirects (303) to where the form said, with a confirmation.
 Bulk decisions go in two steps: a preview lists what would be decided, each
 request at the revision it was seen in; confirming decides them all or none:
 if any was decided or voted on since the preview, nothing is applied and the
-page names which.
+page names which. "All matching" is at most the oldest MAX_BULK of them
+(`store.answers.bulk_choice`, as `relayq bulk` takes them); an approval leaves
+out the requests that are not approvals, and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import Response
@@ -31,8 +33,8 @@ from api._inbox_pages import request_context
 from api._inbox_views import fields_of, item_of
 from relayq import Answer, BulkRefused, ResumeError
 from relayq.approvals import decline, edit
-from store import BadQuery, StoredRequest, all_requests, get_requests
-from store.answers import MAX_BULK
+from store import BadQuery, StoredRequest, get_requests
+from store.answers import MAX_BULK, BulkChoice, bulk_choice
 
 __all__ = ["PREVIEW_SHOWN", "router"]
 
@@ -181,14 +183,14 @@ async def bulk_preview(request: Request, who: Answering) -> Response:
             return _bulk_page(request, who, decision, [], filters, status=422, error=error)
         found = await asyncio.to_thread(get_requests, db, ids[:MAX_BULK])
         chosen = [found[i] for i in ids if i in found and found[i].status == "open"]
-    else:
-        query = filters.query(history=False, limit=500)
-        page = await asyncio.to_thread(all_requests, db, query)
-        if page.total > MAX_BULK:
-            error = f"{page.total} requests match: narrow the filters to {MAX_BULK} or fewer."
-            return _bulk_page(request, who, decision, [], filters, status=422, error=error)
-        chosen = list(page.items)
-    return _bulk_page(request, who, decision, chosen, filters)
+        return _bulk_page(request, who, decision, chosen, filters)
+    query = filters.query(history=False)
+    choice = await asyncio.to_thread(bulk_choice, db, query, _decision(decision))
+    return _bulk_page(request, who, decision, choice.items, filters, choice=choice)
+
+
+def _decision(decision: str) -> Literal["approve", "decline"]:
+    return "approve" if decision == "approve" else "decline"
 
 
 @router.post("/bulk")
@@ -201,7 +203,10 @@ async def bulk_decide(
 ) -> Response:
     """Decide every request of a confirmed preview, at the revision the preview showed."""
     form = await request.form()
-    filters = Filters.of(form)
+    try:
+        filters = Filters.of(form)
+    except BadQuery:  # only where the list goes back to: the preview checked them
+        filters = Filters()
     revisions = _revisions(items)
     client = client_of(request)
     if decision not in ("approve", "decline") or not revisions:
@@ -234,9 +239,9 @@ async def bulk_decide(
             request, who, decision, chosen, filters, status=409, error=error, refused=refused,
             revisions=revisions, reason=reason,
         )  # fmt: skip
-    subject = f"{len(revisions)} request{'s' if len(revisions) != 1 else ''}"
+    subject = f"{len(revisions):,} request{'s' if len(revisions) != 1 else ''}"
     if len(resumed) != len(revisions):
-        subject += f" ({len(resumed)} resolved; the others wait for more approvers)"
+        subject += f" ({len(resumed):,} resolved; the others wait for more approvers)"
     kind = "bulk_approved" if decision == "approve" else "bulk_declined"
     return redirect_after(request, kind, subject, filters.url("/"))
 
@@ -263,7 +268,9 @@ def _bulk_page(
     refused: dict[str, str] | None = None,
     revisions: dict[str, int | None] | None = None,
     reason: str = "",
+    choice: BulkChoice | None = None,
 ) -> Response:
+    """The preview (or the refusal) of a bulk decision; `choice`, for all that match."""
     refused = refused or {}
     seen = revisions or {s.request.id: s.revision for s in chosen}
     shown = [item_of(s) for s in chosen]
@@ -283,5 +290,10 @@ def _bulk_page(
         "filters": filters,
         "back": filters.url("/"),
         "reason": reason,
+        "cap": MAX_BULK,
+        # All that match: how many in all when past the cap, and what an approval left out.
+        "matching": choice.matching if choice is not None and choice.capped else None,
+        "left_out": choice.left_out if choice is not None else 0,
+        "relay": choice.relay if choice is not None else 0,
     }
     return render(request, who, "bulk.html", context, status=status, error=error)

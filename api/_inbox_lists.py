@@ -24,12 +24,20 @@ from api._inbox import client_of, page_session, render
 from api._inbox_views import item_of
 from relayq.agents import registered_agents
 from store import BadQuery, Page, RequestQuery, StoredRequest, query_requests
-from store.requests import RequestSort, SortOrder
+from store.answers import MAX_BULK
+from store.paging import DEFAULT_PAGE
+from store.paging import MAX_PAGE as STORE_MAX_PAGE
+from store.requests import RequestSort, SortOrder, age_of
 
-__all__ = ["AGES", "HISTORY", "PAGE", "Filters", "router"]
+__all__ = ["AGES", "HISTORY", "MAX_PAGE", "PAGE", "PAGE_SIZES", "Filters", "router"]
 
-PAGE = 50
-"""Requests on a page of the inbox."""
+PAGE = DEFAULT_PAGE
+"""Requests on a page of the inbox, unless the user chooses another size."""
+MAX_PAGE = 200
+"""The most a page of the inbox shows: its rows are HTML, each with its forms. (The API
+and `relayq pending` page up to `store.paging.MAX_PAGE`, 500.)"""
+PAGE_SIZES = (PAGE, 100, MAX_PAGE)
+"""The page sizes the filter form offers; the URL's `limit` takes any from 1 to MAX_PAGE."""
 
 AGES: dict[str, timedelta] = {
     "1h": timedelta(hours=1),
@@ -55,32 +63,55 @@ class Filters:
     q: str = ""
     """Text in the prompt or the arguments."""
     age: str = ""
-    """A key of AGES: only requests at least that old."""
+    """Only requests at least that old: a key of AGES, or any age `store.age_of` reads
+    (the API's `older_than`, which the inbox takes too)."""
+    newer_than: str = ""
+    """Only requests at most that old, read as the API's `newer_than`."""
     status: str = ""
     """The history's: one of HISTORY, or every one of them."""
     sort: str = "age"
     order: str = ""
     """`asc` or `desc`; empty for the list's own default (oldest first; history newest)."""
+    limit: str = ""
+    """Requests a page shows, 1 to MAX_PAGE; empty for PAGE."""
 
     @classmethod
     def of(cls, given: Mapping[str, Any]) -> Filters:
         """The filters in a query string or a form; BadQuery for one the inbox does not take."""
         values = {name: str(given.get(name) or "").strip() for name in cls.__dataclass_fields__}
-        filters = cls(**{**values, "sort": values["sort"] or "age"})
-        if filters.age and filters.age not in AGES:
-            raise BadQuery(f"unknown age {filters.age!r}; one of {', '.join(AGES)}", "age")
+        older = str(given.get("older_than") or "").strip()
+        filters = cls(**{**values, "sort": values["sort"] or "age", "age": values["age"] or older})
+        for age, name in ((filters.age, "age"), (filters.newer_than, "newer_than")):
+            if age:
+                age_of(age, name)  # BadQuery for one no listing reads
         if filters.status and filters.status not in HISTORY:
             raise BadQuery(f"unknown status {filters.status!r}; one of {', '.join(HISTORY)}")
         if filters.sort not in get_args(RequestSort):
             raise BadQuery(f"unknown sort {filters.sort!r}; one of age, agent, tool", "sort")
         if filters.order and filters.order not in get_args(SortOrder):
             raise BadQuery(f"unknown order {filters.order!r}; asc or desc", "order")
-        return filters
+        if filters.limit and not _size(filters.limit):
+            raise BadQuery(
+                f"a page of the inbox shows 1 to {MAX_PAGE} requests, not {filters.limit!r}; "
+                f"walk the pages for more (the API pages up to {STORE_MAX_PAGE})",
+                "limit",
+            )
+        return replace(filters, limit="") if filters.size == PAGE else filters
 
-    def query(self, *, history: bool, cursor: str | None = None, limit: int = PAGE) -> RequestQuery:
-        created_before = None
+    @property
+    def size(self) -> int:
+        """Requests a page shows."""
+        return _size(self.limit) or PAGE
+
+    def query(
+        self, *, history: bool, cursor: str | None = None, limit: int | None = None
+    ) -> RequestQuery:
+        now = datetime.now(UTC)
+        created_before = created_after = None
         if self.age:
-            created_before = datetime.now(UTC) - AGES[self.age]
+            created_before = now - age_of(self.age)
+        if self.newer_than:
+            created_after = now - age_of(self.newer_than, "newer_than")
         statuses: str | tuple[str, ...] = "open"
         if history:
             statuses = self.status or HISTORY
@@ -92,9 +123,10 @@ class Filters:
             group=self.group or None,
             search=self.q or None,
             created_before=created_before,
+            created_after=created_after,
             sort=self.sort,  # type: ignore[arg-type]  # checked in `of`
             order=order,
-            limit=limit,
+            limit=limit or self.size,
             cursor=cursor,
         )
 
@@ -108,7 +140,15 @@ class Filters:
 
     @property
     def active(self) -> bool:
-        return bool(replace(self, sort="age", order="").params())
+        """Whether a filter narrows the list (a sort or a page size does not)."""
+        return bool(replace(self, sort="age", order="", limit="").params())
+
+
+def _size(text: str) -> int | None:
+    """A page size given as text, if it is one the inbox shows."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 4:
+        return None
+    return int(text) if 1 <= int(text) <= MAX_PAGE else None
 
 
 async def fetch_page(request: Request, query: RequestQuery) -> Page[StoredRequest]:
@@ -156,6 +196,8 @@ def _context(
         "first_url": filters.url(path) if first > 1 else None,
         "agents": sorted(registered_agents()),
         "ages": list(AGES),
+        "sizes": sorted({*PAGE_SIZES, filters.size}),
+        "cap": MAX_BULK,
         "statuses": HISTORY,
     }
 

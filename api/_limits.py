@@ -14,16 +14,27 @@ surrogate that no UTF-8 response can carry).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from pydantic import AfterValidator
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["AsciiJSON", "BodyLimit", "TooLarge", "body_limit", "invalid_body"]
+from relayq.limits import problem_of
+
+__all__ = [
+    "AsciiJSON",
+    "BodyLimit",
+    "Keepable",
+    "TooLarge",
+    "body_limit",
+    "invalid_body",
+    "keepable_url",
+]
 
 # Room for the envelope ({"ok": ..., "partial": ...}) and for JSON escapes:
 # an escaped character (`\u00e9`, or a surrogate pair for an emoji) makes a body
@@ -117,3 +128,25 @@ async def invalid_body(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = [{k: v for k, v in e.items() if k != "input"} for e in exc.errors()]
     return AsciiJSON({"detail": jsonable_encoder(errors)}, status_code=422)
+
+
+def keepable_url(request: Request) -> None:
+    """A path or query value no store can hold (a NUL character: `%00`) is a 422 naming
+    it, before any route looks it up; the store refuses what comes in by a body."""
+    values = [*request.path_params.items(), *request.query_params.multi_items()]
+    for name, value in values:
+        problem = problem_of(value)
+        if problem is not None:
+            raise HTTPException(422, f"{name} {problem}")
+
+
+def _keepable(text: str) -> str:
+    problem = problem_of(text)
+    if problem is not None:
+        raise ValueError(f"it {problem}")
+    return text
+
+
+Keepable = Annotated[str, AfterValidator(_keepable)]
+"""A body's id or name: one no store can hold is a 422 on every store alike (SQLite
+would keep a NUL, PostgreSQL not)."""

@@ -18,6 +18,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import REGISTRY
@@ -25,6 +26,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from api._auth import refuse_tokens_in_url, unauthorized
+from api._errors import refusals
 from relayq.agents import registered_agents
 from relayq.ratelimit import ProviderLimits
 from tasks import DurableClient
@@ -79,7 +81,19 @@ class _Scrape:
         yield from self.read
 
 
-@router.get("/metrics", response_class=Response)
+_SCRAPE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The text format, or OpenMetrics where the scraper asks for it.",
+        "content": {
+            "text/plain": {"schema": {"type": "string"}},
+            "application/openmetrics-text": {"schema": {"type": "string"}},
+        },
+    },
+    **refusals(401),
+}
+
+
+@router.get("/metrics", response_class=Response, responses=_SCRAPE)
 async def metrics(request: Request) -> Response:
     """Prometheus metrics; a bearer token only when `RELAYQ_METRICS_TOKEN` is set."""
     _check_token(request)

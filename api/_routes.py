@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -15,13 +15,15 @@ from pydantic.alias_generators import to_camel
 from api._answers import AnswerBody, answer_request, stored_request
 from api._approvals import decider_of
 from api._auth import Answerer, Reader, Submitter
+from api._errors import refusals
 from api._events import event_stream
+from api._limits import Keepable
 from relayq import Budget, RunResult
 from relayq.agents import get_agent
 from store import BadQuery, RequestPage, StoredRequest
 from store.paging import DEFAULT_PAGE, MAX_PAGE
 from store.queries import RunSummary
-from store.requests import RequestSort, SortOrder
+from store.requests import RequestSort, SortOrder, age_of, read_statuses
 from store.transitions import RunStatus
 from tasks import DurableClient
 
@@ -39,12 +41,12 @@ class _Camel(BaseModel):
 class NewRun(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True)
 
-    agent: str = Field(min_length=1)
+    agent: Keepable = Field(min_length=1)
     """A registered agent's name."""
     prompt: str = Field(min_length=1)
-    batch_id: str | None = Field(default=None, min_length=1, max_length=200)
+    batch_id: Keepable | None = Field(default=None, min_length=1, max_length=200)
     """The batch the run is a job of, if any: shown with its requests in the inbox."""
-    job_id: str | None = Field(default=None, min_length=1, max_length=200)
+    job_id: Keepable | None = Field(default=None, min_length=1, max_length=200)
     """The job's id within its batch."""
     budget: Budget | None = None
     """What the run may spend, in place of its agent's budget."""
@@ -65,10 +67,10 @@ def _client(request: Request) -> DurableClient:
     return client
 
 
-router = APIRouter(prefix="/api", tags=["api"])
+router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 422, 503))
 
 
-@router.post("/runs", status_code=201)
+@router.post("/runs", status_code=201, responses=refusals(400, 403, 404, 409, 413))
 async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
     """Start a run of `agent` on `prompt`.
 
@@ -102,13 +104,13 @@ async def list_runs(
     return [RunSummary.of(r) for r in rows]
 
 
-@router.get("/runs/{run_id}")
+@router.get("/runs/{run_id}", responses=refusals(404))
 async def get_run(run_id: str, request: Request, who: Reader) -> RunResult:
     """The run as stored, with its transcript (`messages`) and the request it waits on."""
     return await _client(request).result(run_id)
 
 
-@router.post("/runs/{run_id}/cancel")
+@router.post("/runs/{run_id}/cancel", responses=refusals(403, 404, 409))
 async def cancel_run(run_id: str, request: Request, who: Submitter) -> Cancelled:
     """Cancel a run: at once if queued or pending, else at its next boundary."""
     status = await _client(request).cancel(run_id)
@@ -121,7 +123,10 @@ async def list_requests(
     who: Reader,
     status: Annotated[
         list[str] | None,
-        Query(description="open, answered, expired, cancelled; repeat it or comma-separate"),
+        Query(
+            description="open (the default), answered, expired, cancelled, or all; "
+            "repeat it or comma-separate"
+        ),
     ] = None,
     agent: str | None = None,
     tool: str | None = None,
@@ -134,6 +139,12 @@ async def list_requests(
     ] = None,
     created_after: Annotated[datetime | None, Query(description="at or after; with zone")] = None,
     created_before: Annotated[datetime | None, Query(description="before; with zone")] = None,
+    older_than: Annotated[
+        str | None, Query(max_length=20, description="at least this old: 90s, 15m, 2h, 3d, 1w")
+    ] = None,
+    newer_than: Annotated[
+        str | None, Query(max_length=20, description="at most this old: 90s, 15m, 2h, 3d, 1w")
+    ] = None,
     sort: RequestSort = "age",
     order: SortOrder = "asc",
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
@@ -141,15 +152,23 @@ async def list_requests(
         str | None, Query(max_length=2048, description="the nextCursor of the page before")
     ] = None,
 ) -> RequestPage:
-    """A page of requests, oldest first (every status unless `status` is given), with
+    """A page of requests, oldest first (open ones unless `status` is given: as the CLI
+    and the inbox list them; an empty value is no filter), with
     `total`, all that match, and `nextCursor`, the `cursor` of the next page (null on
     the last). 422: an unknown status, sort or order, a time without a zone, or a
     cursor that was edited or made for another sort.
     """
     _known_parameters(request, list_requests)
     try:
+        now = datetime.now(UTC)
+        if older_than:
+            older = now - age_of(older_than, "older_than")
+            created_before = older if created_before is None else min(created_before, older)
+        if newer_than:
+            newer = now - age_of(newer_than, "newer_than")
+            created_after = newer if created_after is None else max(created_after, newer)
         page = await _client(request).requests(
-            _statuses(status),
+            read_statuses(status),
             agent=agent,
             tool=tool,
             kind=kind,
@@ -178,19 +197,12 @@ def _known_parameters(request: Request, route: Callable[..., Any]) -> None:
         raise HTTPException(422, f"unknown query parameter {unknown[0]!r}; one of {takes}")
 
 
-def _statuses(given: list[str] | None) -> list[str] | None:
-    """`?status=open&status=expired` and `?status=open,expired` alike; none: every status."""
-    if not given:
-        return None
-    return [s.strip() for value in given for s in value.split(",") if s.strip()] or None
-
-
-@router.get("/requests/{request_id}")
+@router.get("/requests/{request_id}", responses=refusals(404))
 async def get_request(request_id: str, request: Request, who: Reader) -> StoredRequest:
     return await stored_request(_client(request), request_id)
 
 
-@router.post("/requests/{request_id}/answer")
+@router.post("/requests/{request_id}/answer", responses=refusals(400, 403, 404, 409, 413))
 async def answer(
     request_id: str, body: AnswerBody, request: Request, who: Answerer
 ) -> StoredRequest:

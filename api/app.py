@@ -31,8 +31,9 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 
@@ -40,13 +41,13 @@ from api._access import install as hide_secrets_from_access_log
 from api._approvals import router as approvals_router
 from api._auth import Tokens
 from api._batches import router as batches_router
-from api._errors import refused
+from api._errors import document_refusals, refused
 from api._health import router as health_router
 from api._inbox import router as inbox_router
 from api._inbox_forms import router as inbox_forms_router
 from api._inbox_lists import router as inbox_lists_router
 from api._inbox_pages import router as inbox_pages_router
-from api._limits import BodyLimit, body_limit, invalid_body
+from api._limits import BodyLimit, body_limit, invalid_body, keepable_url
 from api._metrics import router as metrics_router
 from api._routes import router as api_router
 from api._security import SecurityHeaders, Signer, secret_from
@@ -91,6 +92,7 @@ def create_app(
         title="relayq",
         summary="Durable runs of LLM agents, and the requests they wait on.",
         lifespan=lifespan,
+        dependencies=[Depends(keepable_url)],
     )
     app.state.tokens = parsed
     app.state.signer = signer
@@ -111,7 +113,20 @@ def create_app(
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    _document_refusals(app)
     return app
+
+
+def _document_refusals(app: FastAPI) -> None:
+    """The refusals' body schema goes into the document the routes' `responses` point to."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_refusals(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _docs_paths(app: FastAPI) -> tuple[str, ...]:

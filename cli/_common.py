@@ -4,14 +4,15 @@ And what keeps an operator from guessing: settings checked up front (a bad
 value is one `relayq: error:` line naming its variable, a URL shown with its
 password hidden), the broker checked before a run is started, and a warning,
 with the command that starts one, when no worker consumes a run's queue
-(`warn_if_no_worker`, `WorkerWatch`).
+(`warn_if_no_worker`, `WorkerWatch`), or when the broker does not take the
+messages of a change already stored (`unsent_line`: it goes on once the broker
+is back).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shlex
 import threading
 import time
@@ -34,7 +35,10 @@ from sqlalchemy.exc import OperationalError as DatabaseError
 from cli._workers import Serving, ping_broker, queue_of, workers_on
 from relayq import Budget, RelayqError
 from relayq.agents import AgentError, load_agents, registered_agents
-from store import Database, StoreUnavailable
+from store import Database, OutboxRow, StoreUnavailable
+from store.outbox import ANSWER_TASK, TURN_TASK
+from store.paging import BadQuery
+from store.requests import age_of as read_age
 from tasks.client import DurableClient
 from tasks.settings import QUEUES, Settings
 
@@ -59,6 +63,7 @@ __all__ = [
     "no_worker_line",
     "run_with_client",
     "settings",
+    "unsent_line",
     "user_errors",
     "warn",
     "warn_if_no_worker",
@@ -486,7 +491,7 @@ def run_with_client(
     """Run `work` with a client on the configured store and broker, errors as one line."""
     current = current or settings()
     with user_errors(current):
-        client = DurableClient(settings=current)
+        client = DurableClient(settings=current, on_unsent=_unsent_warning(current))
         try:
             return asyncio.run(_call(work, client))
         finally:
@@ -497,12 +502,44 @@ async def _call(work: Callable[[DurableClient], Awaitable[T]], client: DurableCl
     return await work(client)
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+def _unsent_warning(current: Settings) -> Callable[[list[OutboxRow]], None]:
+    """The client's `on_unsent` for a command: one `relayq: warning:` line, the first time
+    a change it stored could not be sent, in place of a log line for each message."""
+    said = False
+
+    def say(rows: list[OutboxRow]) -> None:
+        nonlocal said
+        if not said:
+            said = True
+            warn(unsent_line(current, rows))
+
+    return say
+
+
+def unsent_line(current: Settings, rows: list[OutboxRow]) -> str:
+    """What to say when the broker did not take the messages of a change that is stored:
+    the outbox keeps them, and a worker's sweep sends them once the broker is back."""
+    where = broker_shown(current)
+    if not current.embedded_broker:
+        where = f"the broker at {where}"
+    tasks = {row.task for row in rows}
+    many = len(rows) > 1
+    if tasks == {ANSWER_TASK}:
+        stored = (
+            "the answers are stored and reach their runs"
+            if many
+            else "the answer is stored and reaches the run"
+        )
+    elif tasks == {TURN_TASK}:
+        stored = "the runs are stored and start" if many else "the run is stored and starts"
+    else:
+        stored = "the change is stored and goes on"
+    return f"{where} is not answering: {stored} once the broker is back"
 
 
 def age_of(text: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `3d`, `1w`: the units `relayq pending` shows ages in."""
-    found = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
-    if found is None:
-        fail(f"cannot read {text!r} as an age; write a number and a unit: 90s, 15m, 2h, 3d, 1w")
-    return timedelta(seconds=int(found.group(1)) * _UNITS[found.group(2)])
+    """`90s`, `15m`, `2h`, `3d`, `1w`: the store's one reading of an age (`store.age_of`)."""
+    try:
+        return read_age(text)
+    except BadQuery as exc:
+        fail(str(exc))

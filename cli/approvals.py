@@ -29,11 +29,12 @@ from cli._common import (
     fail,
     run_with_client,
 )
+from cli.render import plural
 from relayq import Answer, BulkRefused
-from relayq.approvals import APPROVAL_KIND, approve, arguments_of, edit, is_approval
+from relayq.approvals import approve, arguments_of, edit, is_approval
 from relayq.relay import relay_calls_of
-from store import Decider, Page, StoredRequest, list_decisions
-from store.answers import MAX_BULK
+from store import Decider, RequestQuery, list_decisions
+from store.answers import MAX_BULK, BulkChoice, bulk_choice
 from store.votes import proposed_arguments
 from tasks.client import DurableClient
 
@@ -98,13 +99,14 @@ def audit(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="Decisions per page.")] = 50,
     cursor: Annotated[
-        int | None, typer.Option(help="The next page: the cursor an earlier page printed.")
+        str | None,
+        typer.Option(help="The next page: the cursor an earlier page printed (its filters too)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the page as JSON.")] = False,
 ) -> None:
     """The audit trail, newest first: who decided what, when, through which door."""
 
-    async def load(client: DurableClient) -> tuple[list[Any], int | None]:
+    async def load(client: DurableClient) -> tuple[list[Any], str | None]:
         return await asyncio.to_thread(
             list_decisions,
             client.db,
@@ -113,7 +115,7 @@ def audit(
             actor=actor,
             agent=agent,
             outcome=outcome,
-            before_id=cursor,
+            cursor=cursor,
             limit=limit,
         )
 
@@ -181,47 +183,41 @@ def bulk(
         typer.Option("--member-of", help="An approver group you decide for. Repeat for more."),
     ] = None,
 ) -> None:
-    """Approve or decline every open request the filters match, all or nothing.
+    """Approve or decline every open request the filters match (the oldest 1,000 when
+    more match), all or nothing.
 
     Prints a preview (how many, and the first of them), asks before deciding,
     and decides each at the revision the preview showed: if any was decided or
     voted on meanwhile, or is not yours to decide, nothing is applied and the
-    command names each one and why.
+    command names each one and why. --approve leaves out relay requests (they
+    take an answer: `relayq answer`), and says how many.
     """
     _check_bulk(approve_all, decline_reason, filtered=any((agent, tool, group, search, older_than)))
     decision: Literal["approve", "decline"] = "approve" if approve_all else "decline"
     before = None if older_than is None else datetime.now(UTC) - age_of(older_than)
-    kind = APPROVAL_KIND if approve_all else None  # only approvals take a stock approval
+    query = RequestQuery(
+        status="open", agent=agent, tool=tool, group=group, search=search, created_before=before
+    )
 
-    async def preview(client: DurableClient) -> Page[StoredRequest]:
-        return await client.requests(
-            "open",
-            agent=agent,
-            tool=tool,
-            kind=kind,
-            group=group,
-            search=search,
-            created_before=before,
-            all_pages=True,
-        )
+    async def preview(client: DurableClient) -> BulkChoice:
+        # The inbox's "the oldest 1,000 matching" too: one cap, the oldest first.
+        return await asyncio.to_thread(bulk_choice, client.db, query, decision)
 
-    found = run_with_client(preview)
+    choice = run_with_client(preview)
+    found = choice.items
     out = console()
-    if not found.items:
+    if choice.left_out:
+        out.print(_left_out(choice), soft_wrap=True)  # one line, however narrow the terminal
+    if not found:
         out.print("No open request matches; nothing to decide.")
         return
-    if len(found.items) > MAX_BULK:
-        fail(
-            f"{len(found.items)} open requests match; a bulk decision takes at most "
-            f"{MAX_BULK}: narrow the filters"
-        )
-    _print_preview(out, found.items, decision)
+    _print_preview(out, choice, decision)
     verb = "Approve" if approve_all else f"Decline (reason: {decline_reason})"
-    if not yes and not typer.confirm(f"{verb} these {len(found.items)} requests?"):
+    if not yes and not typer.confirm(f"{verb} {_these(choice)}?"):
         out.print("Nothing was decided.")
         raise typer.Exit(EXIT_FAILED)
     who = cli_decider(name, groups or [])
-    revisions: dict[str, int | None] = {s.request.id: s.revision for s in found.items}
+    revisions: dict[str, int | None] = {s.request.id: s.revision for s in found}
 
     async def decide(client: DurableClient) -> list[str] | BulkRefused:
         try:
@@ -236,10 +232,32 @@ def bulk(
             out.print(f"  {request_id}: {why}")
         raise typer.Exit(EXIT_FAILED)
     done = "approved" if approve_all else "declined"
+    decided, resuming = len(revisions), len(resumed)
     out.print(
-        f"{len(revisions)} requests {done} as {who.name} (via cli, OS user {who.os_user}); "
-        f"{len(resumed)} runs resume."
+        f"{decided} {plural(decided, 'request')} {done} as {who.name} "
+        f"(via cli, OS user {who.os_user}); "
+        f"{resuming} {plural(resuming, 'run resumes', 'runs resume')}."
     )
+    if choice.capped:
+        rest = choice.matching - decided
+        out.print(f"{rest:,} more {plural(rest, 'matches', 'match')}: run it again for the next.")
+
+
+def _these(choice: BulkChoice) -> str:
+    count = len(choice.items)
+    if choice.capped:
+        return f"the oldest {count:,} of these {choice.matching:,} requests"
+    return "this request" if count == 1 else f"these {count} requests"
+
+
+def _left_out(choice: BulkChoice) -> str:
+    """The one line that says which matches an approval left out, and why."""
+    count = choice.left_out
+    if choice.relay == count:
+        what = f"{count:,} relay {plural(count, 'request')}"
+    else:
+        what = f"{count:,} {plural(count, 'request that is', 'requests that are')} not approvals"
+    return f"left out {what}: they take an answer, not a decision (relayq answer REQ --output ...)"
 
 
 def _check_bulk(approve_all: bool, decline_reason: str | None, *, filtered: bool) -> None:
@@ -251,7 +269,8 @@ def _check_bulk(approve_all: bool, decline_reason: str | None, *, filtered: bool
         fail("give at least one filter (--agent, --tool, --group, --search, --older-than)")
 
 
-def _print_preview(out: Console, items: list[StoredRequest], decision: str) -> None:
+def _print_preview(out: Console, choice: BulkChoice, decision: str) -> None:
+    items = choice.items
     table = Table("request", "agent", "tool", "arguments", "created", title=None)
     for stored in items[:PREVIEW_ROWS]:
         arguments = (
@@ -266,7 +285,14 @@ def _print_preview(out: Console, items: list[StoredRequest], decision: str) -> N
             json.dumps(arguments, ensure_ascii=False)[:60],
             stored.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
-    out.print(f"{len(items)} open requests match; to {decision}:")
+    if choice.capped:
+        out.print(
+            f"{choice.matching:,} open requests match; a bulk decision takes at most "
+            f"{MAX_BULK:,}: to {decision}, the oldest {len(items):,}:"
+        )
+    else:
+        match = plural(len(items), "open request matches", "open requests match")
+        out.print(f"{len(items)} {match}; to {decision}:")
     out.print(table)
     if len(items) > PREVIEW_ROWS:
         out.print(f"... and {len(items) - PREVIEW_ROWS} more.")

@@ -19,6 +19,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from cli._common import console, run_with_client, settings
+from cli.render import plural
 from relayq import Budget
 from store import (
     BatchStatus,
@@ -77,17 +78,31 @@ def batches(
     if as_json:
         out.print_json(json.dumps({"items": [status_of(b) for b in found]}))
         return
-    table = Table("batch", "agent", "created", "jobs", "finished", "done", "failed", "waiting")
+    table = Table(
+        "batch",
+        "name",
+        "agent",
+        "created",
+        "jobs",
+        "finished",
+        "done",
+        "failed",
+        "cancelled",
+        "waiting on a person",
+    )
     for b in found:
+        done, cancelled = b.counts.get("done", 0), b.counts.get("cancelled", 0)
         table.add_row(
             b.batch.id,
+            b.batch.name or "-",
             b.batch.agent,
             b.batch.created_at.strftime("%Y-%m-%d %H:%M:%S"),
             str(b.total),
             str(b.finished),
-            str(b.counts.get("done", 0)),
-            str(b.finished - b.counts.get("done", 0)),
-            str(b.open_requests),
+            str(done),
+            str(b.finished - done - cancelled),
+            str(cancelled),
+            str(b.waiting_on_people),
         )
     out.print(table if found else "No batch yet.")
 
@@ -107,10 +122,15 @@ def status(
     counts = ", ".join(f"{n} {s}" for s, n in sorted(found["counts"].items())) or "no runs"
     rate = "-" if found["perMinute"] is None else f"{found['perMinute']:g} runs/min"
     eta = "-" if found["etaSeconds"] is None else f"{found['etaSeconds']} s"
+    waiting = found["waitingOnPeople"]
+    if waiting and found["etaSeconds"]:
+        eta += " for the runs not waiting on a person"
     out.print(f"batch {found['id']} of agent {found['agent']}, created {found['createdAt']}")
-    out.print(f"{found['jobs']} jobs: {counts}")
+    jobs, open_requests, tokens = found["jobs"], found["openRequests"], found["tokens"]
+    out.print(f"{jobs} {plural(jobs, 'job')}: {counts}")
     out.print(
-        f"{found['openRequests']} open requests; {found['tokens']:,} tokens; cost {found['cost']:g}"
+        f"{open_requests} open {plural(open_requests, 'request')}; "
+        f"{tokens:,} {plural(tokens, 'token')}; cost {found['cost']:g}"
     )
     if found["budget"]:
         limits = Budget.model_validate(found["budget"]).describe()
@@ -120,7 +140,14 @@ def status(
         out.print(
             f"waiting on provider {view.provider} since {since_text(view.batch_since or 0)}: "
             f"its circuit is {view.state.replace('_', '-')} ({view.kind}), "
-            f"{view.waiting} runs wait for it"
+            f"{view.waiting} {plural(view.waiting, 'run waits', 'runs wait')} for it"
+        )
+    if waiting:
+        runs = "1 run waits" if waiting == 1 else f"{waiting:,} runs wait"
+        still = "; nothing else can move until they are answered" if not found["moving"] else ""
+        out.print(
+            f"{runs} on a person{still}: answer in the inbox or with relayq pending "
+            "and relayq answer"
         )
     out.print(f"rate {rate}; eta {eta}")
     if found["cancelledAt"]:
@@ -133,7 +160,8 @@ def cancel(
     """Cancel every unfinished run of the batch (running ones stop at their next step)."""
     asked = _load(lambda db: cancel_batch(db, batch_id))
     done = ", ".join(f"{n} {s}" for s, n in sorted(asked.items())) or "none unfinished"
-    console().print(f"batch {batch_id}: cancelled {sum(asked.values())} runs ({done})")
+    cancelled = sum(asked.values())
+    console().print(f"batch {batch_id}: cancelled {cancelled} {plural(cancelled, 'run')} ({done})")
 
 
 def export(

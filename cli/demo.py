@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.demo_stack import Stack, build_stack, forget_keys, keep_running, stopped_by_signals
+from cli.render import plural
 from relayq.demo import QUORUM_ABOVE, order_record
 from store.models import FINISHED
 from tasks import Settings
@@ -114,7 +115,7 @@ def _batch(stack: Stack, jobs: int) -> None:
         for n in range(jobs):
             out.write(json.dumps({"id": f"job-{n + 1:02d}", "prompt": f"refund order {1001 + n}"}))
             out.write("\n")
-    console.print(f"{jobs} refund jobs in {jobs_file}; each needs one approval\n")
+    console.print(f"{jobs} refund {plural(jobs, 'job')} in {jobs_file}; each needs one approval\n")
     batch = subprocess.Popen(
         [
             sys.executable,
@@ -169,12 +170,14 @@ def _answer_approvals(
             answered.append(
                 {"order": call["input"]["order"], "amount": amount, "approved": approve}
             )
-    console.print(f"answered {len(answered)} approvals through POST /api/requests/{{id}}/answer\n")
+    done = f"{len(answered)} {plural(len(answered), 'approval')}"
+    console.print(f"answered {done} through POST /api/requests/{{id}}/answer\n")
     return answered
 
 
 def _print_pending(pending: list[dict[str, Any]]) -> None:
-    table = Table(title=f"{len(pending)} approvals waiting (GET /api/requests?status=open)")
+    waiting = f"{len(pending)} {plural(len(pending), 'approval')} waiting"
+    table = Table(title=f"{waiting} (GET /api/requests?status=open)")
     for column in ("request", "agent", "order", "amount", "reason"):
         table.add_column(column)
     for stored in pending:
@@ -205,9 +208,9 @@ def _summary(results_file: Path, answered: list[dict[str, Any]]) -> None:
     statuses = Counter(r["status"] for r in results)
     approved = sum(1 for a in answered if a["approved"])
     console.print(
-        f"{len(results)} jobs: "
+        f"{len(results)} {plural(len(results), 'job')}: "
         + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
-        + f"; {approved} refunds approved, {len(answered) - approved} declined"
+        + f"; {approved} {plural(approved, 'refund')} approved, {len(answered) - approved} declined"
     )
 
 
@@ -258,7 +261,8 @@ def _quorum_refund(stack: Stack) -> str:
             approvals = sum(1 for d in votes if d["outcome"] in ("approved", "edited"))
             after = voted.json()
             console.print(
-                f"{person} (finance) approves: {approvals} of {quorum} approvals, the request "
+                f"{person} (finance) approves: {approvals} of {quorum} "
+                f"{plural(quorum, 'approval')}, the request "
                 + ("is still open" if after["status"] == "open" else f"is {after['status']}")
                 + (f" ({after['outcome']})" if after["outcome"] else "")
             )
@@ -468,11 +472,13 @@ def _webhooks(stack: Stack, receiver: WebhookReceiver, runs: list[str]) -> None:
         table.add_row(at, e.type, e.data["runId"], _what(e), "yes")
     console.print(table)
     kinds = Counter(e.type for e in events)
+    refused = receiver.refused
+    bad = f"; {refused} {plural(refused, 'request')} refused for a bad signature" if refused else ""
     console.print(
-        f"{len(events)} events received so far ("
+        f"{len(events)} {plural(len(events), 'event')} received so far ("
         + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
         + "), every signature verified with tasks.webhooks.verify_signature"
-        + (f"; {receiver.refused} requests refused for a bad signature" if receiver.refused else "")
+        + bad
     )
     if not wanted <= {(e.data.get("runId"), e.type) for e in events}:
         console.print("[yellow]some events of the approval runs had not arrived after 30 s[/]")

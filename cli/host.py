@@ -53,7 +53,7 @@ from store import (
 from store.paging import DEFAULT_PAGE, MAX_PAGE
 from store.queries import RunSummary
 from store.requests import STATUSES as STORED_STATUSES
-from store.requests import RequestSort, SortOrder
+from store.requests import RequestSort, SortOrder, read_statuses
 from store.transitions import STATUSES
 from tasks.client import DurableClient, WaitTimeout
 
@@ -142,7 +142,12 @@ def _finish(out: Console, result: RunResult) -> None:
         print_pending(out, result.pending)
         return
     why = f": {result.error}" if result.error else ""
-    fail(f"run {result.run_id} is {result.status}{why}")
+    fail(f"run {result.run_id} {_ended(result.status)}{why}")
+
+
+def _ended(status: str) -> str:
+    """How a run that is not done ended, as a verb: `failed`, `was cancelled`, ..."""
+    return {"failed": "failed", "cancelled": "was cancelled"}.get(status, f"is {status}")
 
 
 def pending(
@@ -213,7 +218,7 @@ def pending(
         typer.echo(RequestPage.of(page).model_dump_json(by_alias=True, indent=2))
         return
     more = None if page.next_cursor is None else _next_page_command(ctx, page.next_cursor)
-    what = f"{' or '.join(statuses)} requests" if statuses else "requests"
+    what = f"{' or '.join(statuses)} request" if statuses else "request"
     print_requests(
         console(), page, what=what, order=_order_words(sort_by, direction), more=more,
         with_status=statuses != ["open"],
@@ -222,12 +227,10 @@ def pending(
 
 def _request_statuses(given: list[str] | None) -> list[str] | None:
     """The statuses asked for, `open` when none; None (every status) for `all`."""
-    names = [s.strip() for value in given or ["open"] for s in value.split(",") if s.strip()]
-    if "all" in names:
-        return None
-    for name in names:
-        _choice(name, (*STORED_STATUSES, "all"), "--status")
-    return names or ["open"]
+    names = read_statuses(given)
+    for name in names or ():
+        _choice(name, STORED_STATUSES, "--status")
+    return names
 
 
 def _choice(value: str, choices: tuple[str, ...], option: str) -> str:
@@ -256,7 +259,12 @@ def _next_page_command(ctx: typer.Context, next_cursor: str) -> str:
 
 
 def show(
-    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    run_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="ID", help="The run's id, or the id of one of its requests (req_...)."
+        ),
+    ],
     as_json: Annotated[
         bool,
         typer.Option(
@@ -265,19 +273,49 @@ def show(
         ),
     ] = False,
 ) -> None:
-    """Show a run: its status, its transcript turn by turn, and its requests."""
+    """Show a run: its status, its transcript turn by turn, and its requests.
 
-    async def load(client: DurableClient) -> tuple[Any, RunResult, list[Any]]:
-        row = await asyncio.to_thread(get_run, client.db, run_id)
-        result = await client.result(run_id)
-        requests = await client.requests(None, run_id=run_id, all_pages=True)
-        return row, result, list(requests)
+    Given a request's id, it names the request's run and agent first, then shows that run.
+    """
 
-    row, result, requests = run_with_client(load)
+    async def load(
+        client: DurableClient,
+    ) -> tuple[RunRow, RunResult, list[StoredRequest], StoredRequest | None]:
+        asked = None
+        if run_id.startswith("req_"):  # ids say what they name (relayq._types.new_id)
+            asked = await asyncio.to_thread(get_request, client.db, run_id)
+        the_run = run_id if asked is None else asked.run_id
+        row = await asyncio.to_thread(get_run, client.db, the_run)
+        result = await client.result(the_run)
+        requests = await client.requests(None, run_id=the_run, all_pages=True)
+        return row, result, list(requests), asked
+
+    row, result, requests, asked = run_with_client(load)
     if as_json:
         typer.echo(_run_json(row, result, requests))
         return
-    out = console()
+    _print_run(console(), row, result, requests, asked=asked)
+
+
+def _print_run(
+    out: Console,
+    row: RunRow,
+    result: RunResult,
+    requests: list[StoredRequest],
+    *,
+    asked: StoredRequest | None,
+) -> None:
+    """`relayq show`: the request asked about (if one was), then its run, turn by turn."""
+    if asked is not None:
+        out.print(
+            Text.assemble(
+                ("request ", "dim"),
+                (asked.request.id, "bold"),
+                (f" ({asked.request.kind}, {asked.status}) of run ", ""),
+                (row.id, "bold"),
+                (f", agent {row.agent}", ""),
+            )
+        )
     out.print(
         Text.assemble(
             ("run ", "dim"),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
 
 import typer
 
@@ -31,6 +33,31 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        try:
+            typer.echo(f"relayq {version('relayq')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            typer.echo("relayq (not installed: no version)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top(
+    _: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print relayq's version (the installed package's) and exit.",
+        ),
+    ] = False,
+) -> None:
+    """The options before any command (the help is the app's)."""
+
 
 # Processes
 app.command(context_settings=processes.PASS_THROUGH)(processes.worker)

@@ -14,7 +14,15 @@ from relayq import Request
 from relayq.relay import relay_calls_of
 from store import Page, StoredRequest
 
-__all__ = ["MessagePrinter", "age", "clip", "print_pending", "print_requests", "status_style"]
+__all__ = [
+    "MessagePrinter",
+    "age",
+    "clip",
+    "plural",
+    "print_pending",
+    "print_requests",
+    "status_style",
+]
 
 NOTE = "relayq"  # relayq's own notes on a transcript message (see relayq._transcript)
 CLIP = 240
@@ -33,6 +41,14 @@ _STATUS_STYLES = {
 
 def status_style(status: str) -> str:
     return _STATUS_STYLES.get(status, "")
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """`one` for a count of exactly one, else `many` (by default `one` + "s").
+
+    f"{n} {plural(n, 'job')}"; f"{n} {plural(n, 'run resumes', 'runs resume')}"
+    """
+    return one if count == 1 else many or one + "s"
 
 
 def clip(text: str, limit: int = CLIP) -> str:
@@ -85,7 +101,8 @@ class MessagePrinter:
         self.turn += 1
         if self.show_turns:
             usage = (message.get(NOTE) or {}).get("usage") or {}
-            tokens = f"  ({usage.get('totalTokens', 0)} tokens)" if usage else ""
+            total = usage.get("totalTokens", 0)
+            tokens = f"  ({total} {plural(total, 'token')})" if usage else ""
             self._line((f"── turn {self.turn}{tokens}", "bold dim"))
         if message.get("content"):
             self._line(("model  ", "bold magenta"), (clip(str(message["content"])), ""))
@@ -151,11 +168,12 @@ def print_requests(
 ) -> None:
     """A page of requests as a table, then how many match in all and how to see the rest.
 
-    `what` names them (`open requests`), `order` says their order (`oldest first`),
+    `what` names one of them (`open request`), `order` says their order (`oldest first`),
     `more` is the command for the next page, if there is one.
     """
     if not page.items:
-        console.print(f"no {what}" if page.total == 0 else f"no more {what} (of {page.total})")
+        many = f"{what}s"
+        console.print(f"no {many}" if page.total == 0 else f"no more {many} (of {page.total})")
         return
     table = Table("request", "agent", *(["status"] if with_status else []), "run", "calls", "age")
     table.columns[0].no_wrap = table.columns[-3].no_wrap = True
@@ -171,8 +189,12 @@ def print_requests(
         )
     console.print(table)
     shown = len(page)
-    counted = f"all {shown}" if more is None and shown == page.total else f"{shown} of {page.total}"
-    console.print(f"showing {counted} {what}, {order}")
+    if more is None and shown == page.total == 1:
+        console.print(f"showing the one {what}")
+    else:
+        every = more is None and shown == page.total
+        counted = f"all {shown}" if every else f"{shown} of {page.total}"
+        console.print(f"showing {counted} {plural(page.total, what, what + 's')}, {order}")
     if more is not None:
         console.print(Text(f"next page: {more}"))
 

@@ -10,8 +10,9 @@ once, replacing the placeholders, and queues the next turn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Literal
 
 from sqlalchemy import or_
 from sqlmodel import Session, col, select
@@ -26,10 +27,11 @@ from relayq import (
     ResumeError,
     UnknownRequest,
 )
-from relayq.approvals import BUDGET_KIND, is_approval
+from relayq.approvals import APPROVAL_KIND, BUDGET_KIND, is_approval
 from relayq.limits import check_answer
 from relayq.loop import apply_answer
 from relayq.relay import (
+    RELAY_KIND,
     RelayResult,
     declined_result,
     is_relay_request,
@@ -44,16 +46,26 @@ from store.events import emit_about
 from store.messages import conversation, write_messages
 from store.models import OutboxRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
-from store.requests import release_waiters, request_of
+from store.paging import MAX_PAGE
+from store.requests import (
+    RequestQuery,
+    StoredRequest,
+    query_requests,
+    release_waiters,
+    request_of,
+)
 from store.runs import cancel_locked, fail_locked, label_of
 from store.transitions import move
 from store.votes import vote
 
 __all__ = [
+    "MAX_BULK",
     "Accepted",
+    "BulkChoice",
     "accept_answer",
     "accept_many",
     "apply_answer_of",
+    "bulk_choice",
     "expire_and_count",
     "expire_requests",
     "remind_due",
@@ -93,6 +105,62 @@ def accept_answer(
 MAX_BULK = 1000
 """Requests one bulk decision may name: it is one write transaction, about 3.3 ms a
 request on SQLite, and every worker's turn waits for SQLite's write lock meanwhile."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BulkChoice:
+    """What one bulk decision over a listing takes: its oldest matches, at most MAX_BULK.
+
+    choice = bulk_choice(db, RequestQuery(search="refund"), "approve")
+    choice.items       # the oldest 1,000 approvals that match, oldest first
+    choice.matching    # 9,649: every one that could take the decision
+    choice.left_out    # 12: relay requests, which take an answer, not a decision
+    """
+
+    items: list[StoredRequest]
+    """What it decides, the oldest first: at most MAX_BULK."""
+    matching: int
+    """Every match that could take the decision; more than `items` past the cap."""
+    left_out: int = 0
+    """Matches an approval leaves out: requests that are not approvals."""
+    relay: int = 0
+    """How many of `left_out` are relay tools' requests (the rest, other kinds)."""
+
+    @property
+    def capped(self) -> bool:
+        return self.matching > len(self.items)
+
+
+def bulk_choice(
+    db: Database, query: RequestQuery, decision: Literal["approve", "decline"]
+) -> BulkChoice:
+    """The oldest requests `query` matches that can take `decision`, at most MAX_BULK,
+    whatever the query's own sort: the inbox's "the oldest 1,000 matching" and
+    `relayq bulk`. An approval takes approvals only: the others are counted, left out.
+    Reads the pages only as far as the cap."""
+    oldest = replace(query, sort="age", order="asc", cursor=None, limit=MAX_PAGE)
+
+    def count(kind: str) -> int:
+        if query.kind not in (None, kind):
+            return 0
+        return query_requests(db, replace(oldest, kind=kind, limit=1)).total
+
+    takes = is_approval if decision == "approve" else (lambda _: True)
+    items: list[StoredRequest] = []
+    page = query_requests(db, oldest)
+    while True:
+        items += [s for s in page.items if takes(s.request)][: MAX_BULK - len(items)]
+        if page.next_cursor is None or len(items) >= MAX_BULK:
+            break
+        page = query_requests(db, replace(oldest, cursor=page.next_cursor))
+    if decision == "decline":
+        return BulkChoice(items=items, matching=max(page.total, len(items)))
+    approvals = count(APPROVAL_KIND) + count(BUDGET_KIND)
+    left_out = max(page.total - approvals, 0)
+    relay = min(count(RELAY_KIND), left_out) if left_out else 0
+    return BulkChoice(
+        items=items, matching=max(approvals, len(items)), left_out=left_out, relay=relay
+    )
 
 
 def accept_many(

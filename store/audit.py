@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 
 from store.db import Database
 from store.models import DecisionRow, RequestRow, utcnow
+from store.paging import BadQuery, decode_cursor, encode_cursor
 
 __all__ = [
     "SYSTEM",
@@ -102,28 +103,73 @@ def list_decisions(
     actor: str | None = None,
     agent: str | None = None,
     outcome: str | None = None,
-    before_id: int | None = None,
+    cursor: str | None = None,
     limit: int = 100,
-) -> tuple[list[DecisionRow], int | None]:
-    """Decisions, newest first, filtered; and the `before_id` of the next page (None: last).
+) -> tuple[list[DecisionRow], str | None]:
+    """Decisions, newest first, filtered; and the cursor of the next page (None: last).
 
-    Paged by id, which only grows: a page is stable however many rows come in.
+    Paged by id, which only grows: a page is stable however many rows come in. The
+    cursor carries the filters of its page, as every listing's does (`store.requests`):
+    `--cursor` alone, or `?cursor=` alone, pages on through the same trail.
     """
+    filters = _AuditFilters(since=since, until=until, actor=actor, agent=agent, outcome=outcome)
+    before_id = None
+    if cursor:
+        before_id, filters = _carried(cursor)
     query = select(DecisionRow).order_by(col(DecisionRow.id).desc())
-    if since is not None:
-        query = query.where(col(DecisionRow.at) >= since)
-    if until is not None:
-        query = query.where(col(DecisionRow.at) < until)
-    if actor is not None:
-        query = query.where(DecisionRow.actor == actor)
-    if agent is not None:
-        query = query.where(DecisionRow.agent == agent)
-    if outcome is not None:
-        query = query.where(DecisionRow.outcome == outcome)
+    if filters.since is not None:
+        query = query.where(col(DecisionRow.at) >= filters.since)
+    if filters.until is not None:
+        query = query.where(col(DecisionRow.at) < filters.until)
+    for name in ("actor", "agent", "outcome"):
+        value = getattr(filters, name)
+        if value:  # an empty value is no filter, as in every listing
+            query = query.where(getattr(DecisionRow, name) == value)
     if before_id is not None:
         query = query.where(col(DecisionRow.id) < before_id)
     with db.read() as s:
         rows = list(s.exec(query.limit(limit + 1)))
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, (rows[-1].id if more and rows else None)
+    after = None
+    if more and rows:
+        after = encode_cursor([rows[-1].id, filters.to_json()], scope=_AUDIT)
+    return rows, after
+
+
+_AUDIT = "audit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _AuditFilters:
+    since: datetime | None
+    until: datetime | None
+    actor: str | None
+    agent: str | None
+    outcome: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        moments = {"since": self.since, "until": self.until}
+        return {
+            **{k: None if v is None else v.isoformat() for k, v in moments.items()},
+            "actor": self.actor,
+            "agent": self.agent,
+            "outcome": self.outcome,
+        }
+
+
+def _carried(cursor: str) -> tuple[int, _AuditFilters]:
+    before_id, raw = decode_cursor(cursor, scope=_AUDIT, size=2)
+    try:
+        if not isinstance(before_id, int) or not isinstance(raw, dict):
+            raise ValueError(raw)
+        texts = {k: raw[k] for k in ("actor", "agent", "outcome")}
+        if not all(v is None or isinstance(v, str) for v in texts.values()):
+            raise ValueError(texts)
+        since, until = (
+            None if raw[k] is None else datetime.fromisoformat(str(raw[k]))
+            for k in ("since", "until")
+        )
+        return before_id, _AuditFilters(since=since, until=until, **texts)
+    except (ValueError, KeyError, TypeError):
+        raise BadQuery("bad cursor: its filters are not the audit trail's", "cursor") from None

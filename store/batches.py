@@ -47,9 +47,11 @@ __all__ = [
     "JobChanged",
     "Started",
     "UnknownBatch",
+    "batch_prompts",
     "batch_results",
     "batch_status",
     "cancel_batch",
+    "find_batch",
     "list_batches",
     "result_of",
     "start_batch",
@@ -106,6 +108,7 @@ def start_batch(
     agent: str,
     jobs: list[tuple[str, str]],
     batch_id: str | None = None,
+    name: str | None = None,
     started_by: str | None = None,
     options: dict[str, Any] | None = None,
     tools_digest: str | None = None,
@@ -125,6 +128,7 @@ def start_batch(
     (the agent's, by default `relayq.turns`) when the batch is new (`store.batch_queues`).
     `budget` (`relayq.budgets.Budget` wire) is what all the batch's runs together may
     spend (a rerun's, if given, replaces it); `run_budget` what each run it starts may.
+    `name` is what a new batch is known by (`find_batch`).
 
     The jobs start `chunk` at a time, each chunk in a transaction of its own; after
     each commits, `on_chunk` gets its first turns' messages to send (a start that
@@ -139,7 +143,17 @@ def start_batch(
     batch_id = batch_id or new_id("batch")
     plan = _retried(
         partial(
-            _plan, db, agent, jobs, batch_id, started_by, options, queue, restart_changed, budget
+            _plan,
+            db,
+            agent,
+            jobs,
+            batch_id,
+            started_by,
+            options,
+            queue,
+            restart_changed,
+            budget,
+            name,
         )
     )
     current = dict(plan.current)
@@ -196,6 +210,7 @@ def _plan(
     queue: str | None,
     restart_changed: bool,
     budget: dict[str, Any] | None,
+    name: str | None,
 ) -> _Plan:
     """The batch, made or checked (its agent, its new budget), and what the start will do;
     JobChanged before anything starts."""
@@ -206,6 +221,7 @@ def _plan(
             batch = BatchRow(
                 id=batch_id,
                 agent=agent,
+                name=name,
                 started_by=started_by,
                 options=options or {},
                 created_at=now,
@@ -343,12 +359,23 @@ class BatchStatus:
     def finished(self) -> int:
         return sum(n for status, n in self.counts.items() if status in FINISHED)
 
+    @property
+    def waiting_on_people(self) -> int:
+        """Runs pending on an open request: none of them moves until someone answers."""
+        return self.counts.get("pending", 0)
+
+    @property
+    def moving(self) -> int:
+        """Runs queued or running: what a worker will take on without anyone's answer."""
+        return self.total - self.finished - self.waiting_on_people
+
     def to_wire(self, now: datetime) -> dict[str, Any]:
         """The batch as the API and `--json` show it."""
         batch, rate, eta = self.batch, self.rate(now), self.eta(now)
         return {
             "id": batch.id,
             "agent": batch.agent,
+            "name": batch.name,
             "startedBy": batch.started_by,
             "createdAt": batch.created_at.isoformat(),
             "cancelledAt": None if batch.cancelled_at is None else batch.cancelled_at.isoformat(),
@@ -356,6 +383,8 @@ class BatchStatus:
             "counts": self.counts,
             "finished": self.finished,
             "openRequests": self.open_requests,
+            "waitingOnPeople": self.waiting_on_people,
+            "moving": self.moving,
             "tokens": self.tokens,
             "cost": round(self.cost, 6),
             "budget": batch.budget,
@@ -366,17 +395,21 @@ class BatchStatus:
         }
 
     def rate(self, now: datetime) -> float | None:
-        """Runs finished per minute since the batch was created."""
+        """Runs finished per minute since the batch was created; None while nothing can
+        move (every unfinished run waits on a person): no rate holds for that wait."""
+        if self.moving == 0 and self.finished < self.total:
+            return None
         minutes = ((self.finished_at or now) - self.batch.created_at).total_seconds() / 60
         return self.finished / minutes if minutes > 0 and self.finished else None
 
     def eta(self, now: datetime) -> float | None:
-        """Seconds until every run is finished, at the rate so far (None: unknown)."""
-        rate = self.rate(now)
-        left = self.total - self.finished
-        if left == 0:
+        """Seconds until the runs that can move have finished, at the rate so far (None:
+        unknown, or only runs waiting on a person are left). Those waiting are not in it:
+        how long a person takes is no rate of the batch's."""
+        if self.total == self.finished:
             return 0.0
-        return None if not rate else left / rate * 60
+        rate = self.rate(now)
+        return None if not rate or not self.moving else self.moving / rate * 60
 
 
 def batch_status(db: Database, batch_id: str) -> BatchStatus:
@@ -415,6 +448,25 @@ def _status(s: Session, batch: BatchRow) -> BatchStatus:
         finished_at=last if done else None,
         last_change=last,
     )
+
+
+def batch_prompts(db: Database, batch_id: str) -> dict[str, str]:
+    """The prompt each job of the batch has its current run for, by job id."""
+    with db.read() as s:
+        return {job: prompt for job, (_, prompt) in _current_runs(s, batch_id).items()}
+
+
+def find_batch(db: Database, *, agent: str, name: str) -> BatchStatus | None:
+    """The newest batch of `agent` named `name`, with where it stands; None if none is."""
+    query = (
+        select(BatchRow)
+        .where(BatchRow.agent == agent, BatchRow.name == name)
+        .order_by(col(BatchRow.created_at).desc(), col(BatchRow.id).desc())
+        .limit(1)
+    )
+    with db.snapshot() as s:
+        batch = s.exec(query).first()
+        return None if batch is None else _status(s, batch)
 
 
 def list_batches(

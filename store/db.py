@@ -3,7 +3,8 @@
 SQLite takes its write lock at BEGIN for write transactions (`BEGIN
 IMMEDIATE`): a transaction that reads, then writes, would otherwise fail with
 "database is locked" when two processes upgrade their locks at once. A writer
-waits for the lock up to the busy timeout (`RELAYQ_SQLITE_BUSY_TIMEOUT`, 30 s).
+waits for the lock up to the busy timeout (`RELAYQ_SQLITE_BUSY_TIMEOUT`, 30 s), and so
+does a connection that finds another making a new file a WAL database.
 
 Every way into the store (`write`, `transaction`, `read`, `snapshot`,
 `connect`) turns an error that a later try may not meet (the server down or
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,13 +26,21 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DataError, DBAPIError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlmodel import Session, create_engine
 
+from relayq import UnstorableInput
 from store.errors import StoreBusy, StoreUnavailable
 
-__all__ = ["Database", "StoreBusy", "default_database_url", "impatient", "unavailable"]
+__all__ = [
+    "Database",
+    "StoreBusy",
+    "default_database_url",
+    "impatient",
+    "unavailable",
+    "unkeepable",
+]
 
 _WRITE = "relayq_write"
 _IMPATIENT = "relayq_impatient"
@@ -105,6 +115,27 @@ def unavailable(exc: BaseException, address: str) -> StoreUnavailable | None:
     return None
 
 
+def unkeepable(exc: BaseException) -> UnstorableInput | None:
+    """`exc` as UnstorableInput where a value given to a statement (a filter, an id, a
+    text to keep) holds what no store can: a NUL character (PostgreSQL's text refuses it)
+    or a lone surrogate (no driver encodes it). Whatever other route a value takes in,
+    it ends here, as the error its caller shows (a 422, one line), never a 500."""
+    orig = exc.orig if isinstance(exc, StatementError) else exc
+    if isinstance(exc, DataError) and "NUL" in str(orig):
+        return UnstorableInput(
+            "a value given holds a NUL character (\\x00), which the store cannot keep"
+        )
+    if isinstance(orig, UnicodeEncodeError) and "surrogate" in str(orig):
+        return UnstorableInput("a value given holds a lone surrogate: it is not valid UTF-8")
+    return None
+
+
+def _raise_unkeepable(exc: BaseException) -> None:
+    refused = unkeepable(exc)
+    if refused is not None:
+        raise refused from None
+
+
 def default_database_url() -> str:
     """`RELAYQ_DATABASE_URL`, else a SQLite file at `$RELAYQ_HOME/relayq.db` (`.relayq/`)."""
     url = os.environ.get("RELAYQ_DATABASE_URL")
@@ -112,6 +143,28 @@ def default_database_url() -> str:
         return url
     home = Path(os.environ.get("RELAYQ_HOME", ".relayq")).resolve()
     return f"sqlite:///{home / 'relayq.db'}"
+
+
+def _use_wal(cur: Any, busy_timeout: float) -> None:
+    """Make the database a WAL one (a no-op once it is), waiting up to the busy timeout
+    for a process that holds its lock: on a new file, the first to open it is switching it.
+
+    SQLite calls no busy handler here: the switch reads the file, then needs its write
+    lock, and a read that wants to write fails at once ("database is locked") while
+    another holds that lock, so `relayq worker` and `relayq api` started together on a new
+    store could kill one another. Tried again until the busy timeout, as a writer waits.
+    """
+    deadline = time.monotonic() + busy_timeout
+    pause = 0.001
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def _sqlite_engine(url: str, busy_timeout: float) -> Engine:
@@ -132,7 +185,7 @@ def _sqlite_engine(url: str, busy_timeout: float) -> Engine:
         # Let SQLAlchemy's "begin" event, not the driver, open transactions.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
+        _use_wal(cur, busy_timeout)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={wait_ms}")
         cur.execute("PRAGMA foreign_keys=ON")
@@ -192,6 +245,12 @@ class Database:
     def is_sqlite(self) -> bool:
         return self.engine.dialect.name == "sqlite"
 
+    @property
+    def writer(self) -> Engine:
+        """The engine `write()` uses: on SQLite, its transactions take the write lock at BEGIN
+        (waiting up to the busy timeout for it), so one that reads first cannot fail later."""
+        return self._writer
+
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction, committed on exit, rolled back on an exception."""
@@ -237,10 +296,15 @@ class Database:
         except (DBAPIError, PoolTimeout) as exc:
             error = unavailable(exc, self.address)
             if error is None:
+                _raise_unkeepable(exc)
                 raise
             if busy:
                 raise StoreBusy(error.address, error.reason, error.retry_after) from None
             raise error from None
+
+        except (StatementError, UnicodeEncodeError) as exc:
+            _raise_unkeepable(exc)
+            raise
 
     def _write_engine(self) -> Engine:
         if self._impatient_writer is not None and _impatient.get():

@@ -1,9 +1,12 @@
 """Schema migrations with Alembic, run from code: `migrate(db)` brings a database to head.
 
-Every process that opens the store calls it; a lock keeps two from racing
-(an advisory lock on PostgreSQL, a file lock beside a SQLite database). A store
-already at `HEAD` is told by one query, without Alembic: importing it costs a
-process a third of a second, and nearly every process finds the store at head.
+Every process that opens the store calls it, and any number may start together on a
+new store: a lock keeps them from racing (an advisory lock on PostgreSQL; on SQLite a
+file lock beside the database, and the migration in one transaction that takes the
+write lock at BEGIN). One that finds another migrating waits for it, then finds the
+store at head and goes on. A store already at `HEAD` is told by one query, without
+Alembic: importing it costs a process a third of a second, and nearly every process
+finds the store at head.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HEAD", "alembic_config", "migrate"]
 
-HEAD = "0009"
+HEAD = "0010"
 """The newest revision under migrations/versions (a test holds it to Alembic's head)."""
 
 _HERE = Path(__file__).resolve().parent
@@ -38,7 +41,9 @@ def alembic_config(db: Database) -> Config:
 
     config = Config()
     config.set_main_option("script_location", str(_HERE / "migrations"))
-    config.attributes["engine"] = db.engine
+    # The writer: on SQLite the migration's one transaction reads the schema, then changes
+    # it; begun deferred, it would fail at its first change while another process writes.
+    config.attributes["engine"] = db.writer
     return config
 
 
@@ -71,9 +76,11 @@ def migrate(db: Database) -> None:
     with db.reachable():
         if _revision(db) == HEAD:
             return
-        from alembic import command
-
         with _migration_lock(db):
+            if _revision(db) == HEAD:
+                return  # another process migrated it while this one waited for the lock
+            from alembic import command
+
             command.upgrade(alembic_config(db), "head")
 
 

@@ -134,9 +134,13 @@ class BatchRow(SQLModel, table=True):
     """A batch: many runs of one agent, one per job, started and followed together."""
 
     __tablename__ = "relayq_batches"
+    __table_args__ = (Index("ix_relayq_batches_agent_name", "agent", "name"),)
 
     id: str = Field(primary_key=True)
     agent: str = Field(index=True)
+    name: str | None = None
+    """What `relayq batch` knows it by (its jobs file's name, or `--name`); not unique:
+    `--new` starts another of the same name, and the newest is the one found."""
     started_by: str | None = None
     jobs: int = 0
     """Jobs in the batch (a rerun may add some)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -35,6 +36,7 @@ __all__ = [
     "RequestStatus",
     "SortOrder",
     "StoredRequest",
+    "age_of",
     "all_requests",
     "cancel_requests",
     "get_request",
@@ -42,6 +44,7 @@ __all__ = [
     "list_requests",
     "open_request",
     "query_requests",
+    "read_statuses",
     "release_waiters",
     "request_of",
     "waiters_of",
@@ -304,19 +307,102 @@ class RequestPage(BaseModel):
 def query_requests(db: Database, query: RequestQuery | None = None) -> Page[StoredRequest]:
     """A page of the requests `query` picks (the oldest open ones by default), with the
     total of all that match and the cursor to the next page. BadQuery for a filter,
-    sort, page size or cursor the store does not take."""
-    query = query or RequestQuery()
+    sort, page size or cursor the store does not take.
+
+    Every caller (the CLI, the API, the inbox, `DurableClient.requests`) comes through
+    here, so all share its defaults: open requests, and an empty filter value is no
+    filter. A cursor carries the filters of the page that printed it: the next page
+    is of that listing, whatever filters come with the cursor."""
+    query = _without_empty(query or RequestQuery())
+    key: list[Any] | None = None
+    if query.cursor is not None:
+        key, query = _carried(query, query.cursor)
     _check(query)
     where = _where(query, sqlite=db.is_sqlite)
     listing = _ordered(select(RequestRow).where(*where), query.sort, query.order)
-    if query.cursor is not None:
-        listing = listing.where(_after(query, _cursor_key(query, query.cursor)))
+    if key is not None:
+        listing = listing.where(_after(query, key))
     with db.snapshot() as s:  # the page and its total from one moment
         rows = list(s.exec(listing.limit(query.limit + 1)))  # one more: is there a next page?
         total = s.exec(select(func.count()).select_from(RequestRow).where(*where)).one()
     more, rows = len(rows) > query.limit, rows[: query.limit]
-    after = encode_cursor(_key_of(rows[-1], query.sort), scope=_scope(query)) if more else None
+    after = None
+    if more:
+        after = encode_cursor(
+            [*_key_of(rows[-1], query.sort), _filters_of(query)], scope=_scope(query)
+        )
     return Page(items=[_stored(r) for r in rows], total=total, next_cursor=after)
+
+
+_FILTERS = ("agent", "tool", "kind", "group", "run_id", "search")
+_MOMENTS = ("created_after", "created_before")
+
+
+def _without_empty(query: RequestQuery) -> RequestQuery:
+    """`?tool=` filters on nothing, here as in the inbox: an empty value is no filter."""
+
+    def given(value: str | None) -> str | None:
+        return None if value == "" else value
+
+    status = query.status
+    if status == "" or (status is not None and not isinstance(status, str) and not status):
+        status = "open"
+    return replace(
+        query,
+        status=status,
+        agent=given(query.agent),
+        tool=given(query.tool),
+        kind=given(query.kind),
+        group=given(query.group),
+        run_id=given(query.run_id),
+        search=given(query.search),
+        cursor=given(query.cursor),
+    )
+
+
+def _filters_of(query: RequestQuery) -> dict[str, Any]:
+    """The filters a cursor carries, as JSON."""
+    statuses = (
+        query.status
+        if query.status is None or isinstance(query.status, str)
+        else list(query.status)
+    )
+    moments = {name: getattr(query, name) for name in _MOMENTS}
+    return {
+        "status": statuses,
+        **{name: getattr(query, name) for name in _FILTERS},
+        **{name: None if m is None else m.isoformat() for name, m in moments.items()},
+    }
+
+
+def _carried(query: RequestQuery, cursor: str) -> tuple[list[Any], RequestQuery]:
+    """The cursor's key, and `query` with the filters the cursor carries."""
+    *key, filters = decode_cursor(cursor, scope=_scope(query), size=len(_SORT_KEYS[query.sort]) + 1)
+    try:
+        if not isinstance(filters, dict) or set(filters) != {"status", *_FILTERS, *_MOMENTS}:
+            raise ValueError(filters)
+        after, before = (
+            None if filters[name] is None else _moment(str(filters[name])) for name in _MOMENTS
+        )
+        status = filters["status"]
+        texts = {name: filters[name] for name in _FILTERS}
+        if not all(v is None or isinstance(v, str) for v in texts.values()):
+            raise ValueError(texts)
+        carried = replace(
+            query,
+            status=status if status is None or isinstance(status, str) else tuple(status),
+            agent=texts["agent"],
+            tool=texts["tool"],
+            kind=texts["kind"],
+            group=texts["group"],
+            run_id=texts["run_id"],
+            search=texts["search"],
+            created_after=after,
+            created_before=before,
+        )
+    except (ValueError, TypeError):
+        raise BadQuery("bad cursor: its filters are not a listing's", "cursor") from None
+    return _key_values(query, key), carried
 
 
 def all_requests(db: Database, query: RequestQuery | None = None) -> Page[StoredRequest]:
@@ -446,9 +532,8 @@ def _key_of(row: RequestRow, sort: str) -> list[Any]:
     return [values[name] for name in _SORT_KEYS[sort]]
 
 
-def _cursor_key(query: RequestQuery, cursor: str) -> list[Any]:
+def _key_values(query: RequestQuery, key: list[Any]) -> list[Any]:
     names = _SORT_KEYS[query.sort]
-    key = decode_cursor(cursor, scope=_scope(query), size=len(names))
     try:
         if not all(isinstance(value, str) for value in key):
             raise ValueError(key)
@@ -458,6 +543,30 @@ def _cursor_key(query: RequestQuery, cursor: str) -> list[Any]:
         ]
     except ValueError:
         raise BadQuery("bad cursor: its key is not one of this sort", "cursor") from None
+
+
+def read_statuses(given: Sequence[str] | None) -> list[str] | None:
+    """The statuses a listing asks for, read one way for the CLI and the API: repeated
+    or comma-separated; `open` when none; None (every status) for `all`."""
+    names = [s.strip() for value in given or () for s in value.split(",") if s.strip()]
+    if "all" in names:
+        return None
+    return names or ["open"]
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def age_of(text: str, name: str = "older_than") -> timedelta:
+    """`90s`, `15m`, `2h`, `3d`, `1w` (the units listings show ages in): the one reading
+    of an age filter for the CLI, the API and the inbox; BadQuery naming `name` if not one."""
+    found = re.fullmatch(r"\s*(\d{1,9})\s*([smhdw])\s*", text)
+    if found is None:
+        raise BadQuery(
+            f"cannot read {text!r} as an age; write a number and a unit: 90s, 15m, 2h, 3d, 1w",
+            name,
+        )
+    return timedelta(seconds=int(found.group(1)) * _UNITS[found.group(2)])
 
 
 def _moment(text: str) -> datetime:

@@ -128,6 +128,7 @@ class DurableClient:
         eager: bool = False,
         waiting: Waiting = "pushed",
         recheck_every: timedelta = timedelta(seconds=1),
+        on_unsent: Callable[[list[OutboxRow]], None] | None = None,
     ) -> None:
         if eager and app is not None:
             raise ValueError("an eager client sends nothing: it takes no Celery app")
@@ -159,6 +160,10 @@ class DurableClient:
         """How `result(wait=True)` waits: woken by announcements, or polling each run."""
         self.recheck_every = recheck_every
         """How often every run waited on is read anyway (pushed waiting)."""
+        self.on_unsent = on_unsent
+        """Called, in place of a warning logged for each, with the messages a change stored
+        but could not send (the broker did not answer): a worker's sweep sends them once
+        it is back."""
         self._waiter: RunWaiter | None = None
         self._unmarked: list[OutboxRow] = []
         self._marker: asyncio.Task[None] | None = None
@@ -197,7 +202,10 @@ class DurableClient:
         if not rows:
             return 0
         # The broker on a thread: a send may wait out a reconnection.
-        sent = await asyncio.to_thread(send, self.app, rows)
+        sent = await asyncio.to_thread(send, self.app, rows, quiet=self.on_unsent is not None)
+        if self.on_unsent is not None and len(sent) < len(rows):
+            went = {id(row) for row in sent}
+            self.on_unsent([row for row in rows if id(row) not in went])
         self._unmarked.extend(sent)
         if self._unmarked and (self._marker is None or self._marker.done()):
             self._marker = asyncio.get_running_loop().create_task(self._mark_soon())
@@ -311,6 +319,7 @@ class DurableClient:
         jobs: Sequence[tuple[str, str]],
         *,
         batch_id: str | None = None,
+        name: str | None = None,
         started_by: str | None = None,
         restart_changed: bool = False,
         options: dict[str, Any] | None = None,
@@ -325,11 +334,12 @@ class DurableClient:
         changed since its run started (unless `restart_changed`: the old run is
         cancelled and a new one takes the job); UnstorableInput for a prompt the
         store cannot keep. `budget` is what the batch's runs may spend together (a
-        rerun's replaces the batch's), `run_budget` what each run it starts may.
+        rerun's replaces the batch's), `run_budget` what each run it starts may; `name`
+        what a new batch is known by (`store.find_batch`).
         """
-        name, digest, queue = await self._agent(agent)
+        agent_name, digest, queue = await self._agent(agent)
         prompts = [prompt for _, prompt in jobs]
-        check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
+        check_run_input(agent=agent_name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
         loop = asyncio.get_running_loop()
         went = 0
 
@@ -342,9 +352,10 @@ class DurableClient:
         started = await self._store.offload(
             start_batch,
             self.db,
-            agent=name,
+            agent=agent_name,
             jobs=list(jobs),
             batch_id=batch_id,
+            name=name,
             started_by=started_by,
             options=options,
             tools_digest=digest,
@@ -392,6 +403,11 @@ class DurableClient:
         if wait:
             await self._settle(run_id, timeout)
         return await self._io(run_result, self.db, run_id)
+
+    async def settled(self, run_id: str, *, timeout: float | None = None) -> None:
+        """Return once the run is done, pending, failed or cancelled, reading nothing else:
+        for a host following many runs, that reads them all together when one moves."""
+        await self._settle(run_id, timeout)
 
     async def _settle(self, run_id: str, timeout: float | None, since: int | None = None) -> None:
         """Return once the run is settled. `since`: the subscription this client heard

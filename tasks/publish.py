@@ -87,8 +87,11 @@ def publish(app: Celery, db: Database, rows: Iterable[OutboxRow]) -> int:
     return len(sent)
 
 
-def send(app: Celery, rows: Iterable[OutboxRow]) -> list[OutboxRow]:
+def send(app: Celery, rows: Iterable[OutboxRow], *, quiet: bool = False) -> list[OutboxRow]:
     """Send each row; returns the rows that went (the caller marks them sent).
+
+    A row that does not go is logged, and left for the sweeper; `quiet`: not logged,
+    the caller says itself what did not go (the CLI, in one line).
 
     Many rows go through one producer in pipelined batches (kombu's `Producer.batch`:
     a batch's 5,000 first turns are sent in a fraction of the round trips). If a
@@ -102,11 +105,12 @@ def send(app: Celery, rows: Iterable[OutboxRow]) -> list[OutboxRow]:
                 for row in rows:
                     _send(app, row, producer)
         except Exception as exc:
-            log.warning(
-                "could not send %d messages at once (%s); sending each",
-                len(rows),
-                type(exc).__name__,
-            )
+            if not quiet:
+                log.warning(
+                    "could not send %d messages at once (%s); sending each",
+                    len(rows),
+                    type(exc).__name__,
+                )
         else:
             return rows
     sent = []
@@ -114,7 +118,8 @@ def send(app: Celery, rows: Iterable[OutboxRow]) -> list[OutboxRow]:
         try:
             _send(app, row)
         except Exception as exc:  # the sweeper sends it again later
-            log.warning("could not send %s (%s): %s", row.task, row.label, type(exc).__name__)
+            if not quiet:
+                log.warning("could not send %s (%s): %s", row.task, row.label, type(exc).__name__)
             continue
         sent.append(row)
     return sent

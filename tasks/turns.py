@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Task, shared_task
 from celery.exceptions import Retry
@@ -53,6 +53,7 @@ from store.budgets import Gate, budget_gate
 from store.ledger import LedgerEntry, ledger_put_all
 from store.outbox import TURN_TASK
 from tasks.circuit import circuit_for, since_text
+from tasks.failures import failure_report
 from tasks.limiter import limited_model
 from tasks.metrics import cost_of, observed_model, observed_turn
 from tasks.runtime import Runtime
@@ -335,8 +336,7 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
     if claim.crashes > rt.settings.crash_limit:
         # The turn keeps killing its worker.
         error = f"the worker died {claim.crashes} times running this turn; giving up"
-        await rt.io(fail_run, rt.db, claim, error)
-        raise TurnFailed(run_id, error)
+        await _fail(rt, claim, error)
     try:
         agent = rt.agent(claim.agent)
         gate = await _budget_gate(rt, claim, agent)
@@ -370,15 +370,23 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
     except (ModelError, TimeoutError) as exc:
         return await _retry_or_fail(rt, task, claim, exc)
     except Exception as exc:
-        error = _describe(exc)
-        await rt.io(fail_run, rt.db, claim, error)
-        raise TurnFailed(run_id, error) from None
+        await _fail(rt, claim, _describe(exc), exc)
     _progress(task, claim, "saved")
     if turn.status == "next":
         # The next turn's message claims the run at the version this one leaves it at.
         rt.transcripts.keep(run_id, claim.version + 1, turn.messages)
     await rt.publish(outbox)
     return Outcome(turn.status, turn=turn)
+
+
+async def _fail(
+    rt: Runtime, claim: Claim, error: str, exc: BaseException | None = None
+) -> NoReturn:
+    """Fail the run saying `error`, and log it once: one line and the user's frames of
+    `exc` (`tasks.failures`); Celery adds no traceback of its own (`throws`)."""
+    await rt.io(fail_run, rt.db, claim, error)
+    log.error("%s", failure_report(claim.run_id, claim.agent, claim.turns + 1, error, exc))
+    raise TurnFailed(claim.run_id, error) from None
 
 
 async def _retry_or_fail(
@@ -393,8 +401,7 @@ async def _retry_or_fail(
         error = f"gave up after {claim.attempts + 1} tries: {error}"
         retryable = False
     if not retryable:
-        await rt.io(fail_run, rt.db, claim, error)
-        raise TurnFailed(claim.run_id, error) from None
+        await _fail(rt, claim, error, exc)
     retry_after = exc.retry_after if isinstance(exc, ModelError) else None
     countdown = backoff(claim.attempts, retry_after, base=rt.settings.retry_base)
     queue = agent.queue if agent is not None else None
@@ -439,8 +446,7 @@ async def _wait_for_provider(
             f"(RELAYQ_PROVIDER_OUTAGE_LIMIT) is {limit:g} s"
             + (f"; last error: {exc.error}" if exc.error else "")
         )
-        await rt.io(fail_run, rt.db, claim, error)
-        raise TurnFailed(claim.run_id, error) from None
+        await _fail(rt, claim, error, exc)
     probing = wait is not None and wait.probing
     countdown = outage_countdown(
         exc.retry_in, waited, rt.settings.provider_probe_every, limit, probing=probing
@@ -536,7 +542,11 @@ def _describe(exc: BaseException) -> str:
     return describe_error(exc)
 
 
-@shared_task(name=TURN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+# `throws`: a failed run is logged by `_fail`, and Celery's record of the task's end is one
+# line, without the traceback of relayq's and Celery's own frames (still a task failure).
+@shared_task(
+    name=TURN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, throws=(TurnFailed,)
+)
 def run_turn(self: Task, run_id: str, version: int) -> str:
     """One model turn of run `run_id`, if the run is still at `version`."""
     rt = Runtime.current(self.app)

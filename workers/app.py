@@ -40,13 +40,15 @@ from tasks.settings import Settings, queue_named
 from workers.batch_queues import BatchQueues
 from workers.config import celery_config
 from workers.embedded import ensure_embedded_redis
+from workers.events import events_from_start
 from workers.metrics import install as install_metrics
 
 __all__ = ["Consumer", "app", "exit_code", "settings"]
 
 log = logging.getLogger(__name__)
 
-app = Celery("relayq")
+# Its tasks' requests give a failed task's runtime to Flower (`workers.events`).
+app = Celery("relayq", task_cls="workers.events:TimedTask")
 # Reading the configuration loads the config module (Celery's CELERY_CONFIG_MODULE)
 # if one is named; relayq's own Celery settings then go on top of it.
 settings = Settings.load(conf=app.conf)
@@ -67,6 +69,12 @@ def _declare_queues(options: dict[str, Any] | None = None, **_: Any) -> None:
     for name in (n.strip() for n in names):
         if name and name not in declared:
             declared.add(queue_named(name))
+
+
+@celeryd_init.connect
+def _events_for_flower(**_: Any) -> None:
+    """Task events from the start while a Flower watches (before the worker reads them)."""
+    events_from_start(app, settings)
 
 
 @worker_init.connect

@@ -36,12 +36,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_soft_time_limit": settings.turn_time_limit,
         "task_time_limit": hard_limit,
         # Task events feed Flower, which turns them on in every worker while it
-        # runs (its `enable_events` broadcast), so they are off until then: three
-        # events a turn cost about a sixth of a worker's turns per second. Their
-        # arguments are `argsrepr`: ids and the turn number, never prompts or secrets.
+        # runs (its `enable_events` broadcast; a worker that starts while Flower
+        # watches has them from the start, `workers.events`), so they are off
+        # until then: three events a turn cost about a sixth of a worker's turns
+        # per second. Their arguments are `argsrepr`: ids and the turn number,
+        # never prompts or secrets.
         "worker_send_task_events": settings.task_events,
-        # The "sent" event would double the cost of every send; Flower needs none.
-        "task_send_sent_event": False,
+        # The "sent" event doubles the cost of every send: it goes with task events.
+        "task_send_sent_event": settings.task_events,
         # The sweeper re-sends what was lost and expires overdue requests.
         "beat_schedule": {
             "relayq-sweep": {

@@ -9,8 +9,10 @@ relayq's Celery app, so it reads the same `RELAYQ_*` settings as the workers
 Flower in memory, never on a command line or in a log.
 
 Each `relayq.run_turn` shows its label (`run=... agent=... turn=...`) as its
-arguments, and the phase of the turn (`model`, `tools`, `saved`) from the
-workers' `task-progress` events.
+arguments, on the task list too (its `args` column), and the phase of the turn
+(`model`, `tools`, `saved`) from the workers' `task-progress` events. While it
+runs, a worker that starts sends task events from its first turn on
+(`workers.events`).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from flower.events import EventsState  # type: ignore[import-untyped]
 
 from workers.app import app, settings
 from workers.embedded import ensure_embedded_redis
+from workers.events import keep_watch_mark
 
 __all__ = ["FlowerTask", "credentials", "run"]
 
 AUTH_VARIABLE = "RELAYQ_FLOWER_AUTH"
+TASK_COLUMNS = "name,uuid,state,args,received,runtime,worker"
+"""The task list's columns: Flower's default, and `args`, where a turn's label is."""
 
 
 class FlowerTask(Task):
@@ -80,7 +85,10 @@ def run(port: int = 5555, address: str = "127.0.0.1") -> None:
         ensure_embedded_redis(settings)
     # Flower's state builds its tasks from `State.Task`; ours keeps the phase on display.
     EventsState.Task = FlowerTask
+    keep_watch_mark(settings, app)
     argv = ["flower", f"--port={port}", f"--address={address}"]
+    if not os.environ.get("FLOWER_TASKS_COLUMNS"):  # Flower's own setting wins
+        argv.append(f"--tasks_columns={TASK_COLUMNS}")
     if auth:
         argv.append("--basic-auth=" + ",".join(auth))
     app.start(argv=argv)

@@ -219,6 +219,23 @@ overloaded = Agent("overloaded", overloaded_model)
 refusing = Agent("refusing", refusing_model)
 
 
+# A model with a bug of its user's: an exception of its own, raised two calls down.
+class OrderBookError(Exception):
+    pass
+
+
+def order_of(prompt: str) -> str:
+    raise OrderBookError("order 17 is not in the book")
+
+
+def buggy_model(req: InProcessRequest) -> InProcessResponse:
+    note("model", prompt_of(req))
+    return InProcessResponse(content=order_of(prompt_of(req)))
+
+
+buggy = Agent("buggy", buggy_model)
+
+
 # An approval-gated tool: a non-relay suspension.
 def deploy(args: dict[str, Any], ctx: ToolContext) -> str | Request:
     if ctx.answer is None:

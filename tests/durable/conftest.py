@@ -343,3 +343,10 @@ async def tag(durable: Durable) -> AsyncIterator[str]:
     word = new_tag()
     yield word
     await close_open(durable, word)
+
+
+def unique_name(name: str) -> str:
+    """`name` with a part of its own: a batch is known by its jobs file's name, and the
+    lane's tests share one store."""
+    stem, dot, suffix = name.partition(".")
+    return f"{stem}-{uuid.uuid4().hex[:8]}{dot}{suffix}"

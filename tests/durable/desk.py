@@ -11,12 +11,19 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
 from typing import Any
 
 import httpx
+from sqlalchemy import delete
+from sqlmodel import col
 
+from relayq.approvals import APPROVAL_KIND
+from relayq.relay import RELAY_KIND
+from store.models import DecisionRow, RequestRow, RunRow, VoteRow, utcnow
 from tasks import DurableClient
+from tests.seeding import insert_rows, rows_like
 
 from .conftest import Durable, Eventually
 from .test_api import ApiServer, csrf_of
@@ -89,3 +96,69 @@ def ids_of(items: list[dict[str, Any]]) -> list[str]:
 def chunks(items: list[str], size: int) -> Iterator[list[str]]:
     for at in range(0, len(items), size):
         yield items[at : at + size]
+
+
+@contextmanager
+def crowd(
+    durable: Durable,
+    tag: str,
+    count: int,
+    *,
+    relay: int = 0,
+    quorum: int = 2,
+    approvers: list[str] | None = None,
+) -> Iterator[list[str]]:
+    """`count` open refund approvals tagged `tag` (after `relay` relay requests, older
+    still, calling `lookup`), written straight to the store with a pending run each, as
+    a full inbox holds them: no run takes a turn. Yields their ids, oldest first.
+
+    Each approval needs `quorum` approvals, so with the default of 2 an approval in
+    bulk is one vote each, and no run resumes: what a test may decide costs no worker
+    anything. Every row the test made on them (votes, the audit trail) is removed after.
+    """
+    now = utcnow() - timedelta(hours=2)
+    run = RunRow(id="", agent="desk", conversation_id="", status="pending", created_at=now,
+                 updated_at=now)  # fmt: skip
+    total = relay + count
+    runs = rows_like(
+        run, total, lambda n: {"id": f"run_{tag}_{n:05d}", "conversation_id": f"c_{tag}_{n:05d}"}
+    )
+
+    def request(n: int) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            "id": f"req_{tag}_{n:05d}",
+            "run_id": f"run_{tag}_{n:05d}",
+            "created_at": now + timedelta(seconds=n),
+        }
+        if n < relay:
+            call = {"id": f"call_{n}", "name": "lookup", "input": {"q": f"{tag} {n}"}}
+            return values | {"kind": RELAY_KIND, "tool": "lookup", "calls": [call],
+                             "prompt": f"Run lookup for the agent ({tag})"}  # fmt: skip
+        arguments = {"order": f"{n:05d}", "amount": 10 + n, "note": tag}
+        return values | {
+            "kind": APPROVAL_KIND,
+            "tool": "refund",
+            "prompt": f"Refund order {n:05d} ({tag})?",
+            "data": {"tool": "refund", "arguments": arguments},
+            "approvers": approvers,
+            "quorum": quorum,
+        }
+
+    template = RequestRow(id="", run_id="", agent="desk", kind="", prompt="", created_at=now)
+    requests = rows_like(template, total, request)
+    db = durable.db()
+    try:
+        insert_rows(db, RunRow, runs)
+        insert_rows(db, RequestRow, requests)
+        yield [r["id"] for r in requests]
+    finally:
+        ids, run_ids = [r["id"] for r in requests], [r["id"] for r in runs]
+        with db.write() as s:
+            for model, column, named in (
+                (VoteRow, VoteRow.request_id, ids),
+                (DecisionRow, DecisionRow.request_id, ids),
+                (RequestRow, RequestRow.id, ids),
+                (RunRow, RunRow.id, run_ids),
+            ):
+                s.execute(delete(model).where(col(column).in_(named)))
+        db.dispose()

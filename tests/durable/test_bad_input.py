@@ -40,7 +40,7 @@ from tests.ports import free_port
 from tests.processes import stop_group
 from tests.provider_server import API_KEY, ProviderServer, Reply
 
-from .conftest import ROOT, Durable, SpareWorkers
+from .conftest import ROOT, Durable, SpareWorkers, unique_name
 from .test_api import ApiServer, serve_in_thread
 from .test_cli import halt_on_lookup, one_error_line, store_snapshot, stored_request
 
@@ -279,7 +279,7 @@ def test_the_cli_refuses_what_the_store_cannot_keep_in_one_line(
     # Invalid UTF-8 in an argument reaches Python as a lone surrogate
     before = run_ids(durable)
     assert "lone surrogate" in one_error_line(cli("run", "lookup", f"{prompt}\udcff"))
-    jobs = tmp_path / "jobs.jsonl"
+    jobs = tmp_path / unique_name("jobs.jsonl")
     jobs.write_text(
         json.dumps({"id": 1, "prompt": prompt}) + "\n" + '{"id": 2, "prompt": "\\u0000"}\n'
     )

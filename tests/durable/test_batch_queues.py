@@ -34,7 +34,16 @@ from tests.brokers import PrivateRedis
 from tests.conftest import Parts
 from tests.durable.batch_agents import STEPS
 
-from .conftest import PG_ADMIN, Broker, Durable, Eventually, SpareWorkers, Worker, _postgres_url
+from .conftest import (
+    PG_ADMIN,
+    Broker,
+    Durable,
+    Eventually,
+    SpareWorkers,
+    Worker,
+    _postgres_url,
+    unique_name,
+)
 from .sent_messages import sent_messages
 from .test_cli_guidance import AGENTS as GUIDANCE_AGENTS
 from .test_cli_guidance import error_line, relayq
@@ -409,11 +418,11 @@ async def test_relayq_batch_says_when_the_only_worker_skips_batches(tmp_path: Pa
 
     guided = new_place(tmp_path / "guided", broker)
     guided.env["RELAYQ_BATCH_POLL"] = "0.2"
-    jobs_file = guided.home / "jobs.jsonl"
+    jobs_file = guided.home / unique_name("jobs.jsonl")
     jobs_file.write_text('{"id": 1, "prompt": "hello"}\n')
 
-    def batch(output: str, timeout: int) -> Any:
-        args = ["batch", "recall", str(jobs_file), "-o", str(guided.home / output)]
+    def batch(output: str, timeout: int, *more: str) -> Any:
+        args = ["batch", "recall", str(jobs_file), "-o", str(guided.home / output), *more]
         return relayq(*args, "--timeout", str(timeout), env=guided.env)
 
     # Given a worker that skips batches: a batch is warned of, and waits
@@ -423,7 +432,7 @@ async def test_relayq_batch_says_when_the_only_worker_skips_batches(tmp_path: Pa
         # When a worker that takes batches joins it, a new batch runs, with no warning
         batcher = guided.worker(RELAYQ_WORKER_BATCHES="only")
         try:
-            served = await asyncio.to_thread(batch, "served.jsonl", 30)
+            served = await asyncio.to_thread(batch, "served.jsonl", 30, "--new")
         finally:
             batcher.stop()
     finally:

@@ -35,7 +35,7 @@ from store import (
 from store.models import FINISHED
 from tests import forkserver
 
-from .conftest import ROOT, Durable, Eventually
+from .conftest import ROOT, Durable, Eventually, unique_name
 from .desk import refund_prompt
 from .test_api import SUBMITTER, TOKENS, VIEWER, ApiServer, log_in, serve_in_thread
 from .test_cli import cli, one_error_line, read_results, settle, write_jobs
@@ -45,7 +45,8 @@ __all__ = ["cli"]  # the fixture, shared with test_cli
 
 def jobs_file(tmp_path: Path, tag: str, n: int = 3) -> Path:
     return write_jobs(
-        tmp_path / "jobs.jsonl", [{"id": f"j{i}", "prompt": f"{tag} {i}"} for i in range(n)]
+        tmp_path / unique_name("jobs.jsonl"),
+        [{"id": f"j{i}", "prompt": f"{tag} {i}"} for i in range(n)],
     )
 
 
@@ -171,7 +172,8 @@ def test_a_batch_start_killed_between_chunks_starts_each_job_once_when_run_again
         "COLUMNS": "250",
     }
     jobs = write_jobs(
-        tmp_path / "jobs.jsonl", [{"id": f"j{i}", "prompt": f"job {i}"} for i in range(10_000)]
+        tmp_path / unique_name("jobs.jsonl"),
+        [{"id": f"j{i}", "prompt": f"job {i}"} for i in range(10_000)],
     )
     output = tmp_path / "out.jsonl"
     db = Database(private_database)
@@ -224,7 +226,8 @@ def test_cancelling_a_batch_cancels_its_waiting_runs_and_closes_their_requests(
     # Given a batch of refunds, each waiting on an approval
     tag = uuid.uuid4().hex
     jobs = write_jobs(
-        tmp_path / "jobs.jsonl", [{"id": i, "prompt": refund_prompt(tag, i)} for i in range(4)]
+        tmp_path / unique_name("jobs.jsonl"),
+        [{"id": i, "prompt": refund_prompt(tag, i)} for i in range(4)],
     )
     output = tmp_path / "out.jsonl"
     waiting = cli("batch", "desk", str(jobs), "-o", str(output), "--timeout", "3")
@@ -232,6 +235,15 @@ def test_cancelling_a_batch_cancels_its_waiting_runs_and_closes_their_requests(
     batch_id = json.loads((tmp_path / "out.jsonl.runs").read_text())["batch"]
     status = json.loads(cli("batch", "status", batch_id, "--json").stdout)
     assert (status["counts"], status["openRequests"]) == ({"pending": 4}, 4)
+    # ... all 4 waiting on a person: nothing can move, so there is no rate and no ETA
+    assert (status["waitingOnPeople"], status["moving"]) == (4, 0)
+    assert (status["perMinute"], status["etaSeconds"]) == (None, None)
+    said = cli("batch", "status", batch_id).stdout.splitlines()
+    assert said[-2:] == [
+        "4 runs wait on a person; nothing else can move until they are answered: answer in "
+        "the inbox or with relayq pending and relayq answer",
+        "rate -; eta -",
+    ]
 
     # When the batch is cancelled
     cancelled = cli("batch", "cancel", batch_id)
@@ -247,6 +259,13 @@ def test_cancelling_a_batch_cancels_its_waiting_runs_and_closes_their_requests(
     assert (after.counts, after.open_requests) == ({"cancelled": 4}, 0)
     assert after.batch.cancelled_at is not None
     assert all(s in FINISHED for s in after.counts)
+    # ... and `relayq batches` counts them as cancelled, not failed
+    listed = cli("batches", "--agent", "desk", "--limit", "50").stdout
+    header = next(line for line in listed.splitlines() if "batch" in line and "cancelled" in line)
+    assert "failed" in header
+    [row] = [line for line in listed.splitlines() if batch_id[:12] in line]
+    cells = [c for c in re.split(r"[│┃|]", row) if c.strip()]
+    assert [c.strip() for c in cells[-4:]] == ["0", "0", "4", "0"]  # done failed cancelled waiting
 
 
 def test_an_unknown_batch_is_one_line(cli: Callable[..., Result]):
@@ -264,7 +283,8 @@ def test_a_batch_whose_output_is_no_terminal_prints_progress_lines(
     env = {**durable.env, "RELAYQ_PROGRESS_SECONDS": "0.1"}
     tag = uuid.uuid4().hex
     jobs = write_jobs(
-        tmp_path / "jobs.jsonl", [{"id": i, "prompt": refund_prompt(tag, i)} for i in range(2)]
+        tmp_path / unique_name("jobs.jsonl"),
+        [{"id": i, "prompt": refund_prompt(tag, i)} for i in range(2)],
     )
 
     # When a batch waits on its runs for a while
@@ -274,7 +294,18 @@ def test_a_batch_whose_output_is_no_terminal_prints_progress_lines(
     # Then it said where it stood, more than once, in lines a log keeps
     lines = [line for line in result.stderr.splitlines() if line.startswith("batch: ")]
     assert len(lines) >= 2, result.stderr
-    assert lines[-1].startswith("batch: 0/2 finished (done 0, pending 2, failed 0)")
+    # ... with the runs waiting on a person apart, and no rate or ETA while none can move
+    assert lines[-1].startswith(
+        "batch: 0/2 finished (done 0, waiting on a person 2, failed 0), "
+        "nothing can move until a person answers, "
+    )
+    assert not [line for line in lines if "runs/s" in line or "eta" in line]
+    # ... and said once where they are answered
+    where = [line for line in result.stderr.splitlines() if "on a person: answer" in line]
+    assert where == [
+        "2 runs wait on a person: answer in the inbox (relayq api) or with relayq pending "
+        "and relayq answer; the batch goes on as they are answered"
+    ]
     batch_id = json.loads((tmp_path / "out.jsonl.runs").read_text())["batch"]
     db = durable.db()
     cancel_batch(db, batch_id)  # leave nothing open behind

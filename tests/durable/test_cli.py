@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import re
 import shlex
@@ -19,22 +20,28 @@ from typer.testing import CliRunner, Result
 
 from cli.main import app
 from relayq import RunResult
+from relayq._types import new_id
 from store import (
+    Database,
     RequestQuery,
     get_request,
     get_run,
     list_requests,
     list_runs,
+    migrate,
     query_requests,
     run_result,
+    start_batch,
 )
+from store.models import DecisionRow, utcnow
 from store.requests import StoredRequest
 from tests import forkserver
 from tests.processes import stop_group
+from tests.store.driver import halt_on_relay
 from tests.store.test_request_queries import listing_rows, seeded_requests
 
-from .conftest import ROOT, Durable
-from .desk import new_tag, start_refunds
+from .conftest import ROOT, Broker, Durable, unique_name
+from .desk import crowd, new_tag, start_refunds
 
 RELAYQ = Path(sys.executable).parent / "relayq"
 COMMANDS = [
@@ -259,6 +266,27 @@ def test_run_gives_up_after_its_timeout_with_a_non_zero_exit(
     settle(durable, run_id, "done")
 
 
+def test_a_failed_run_and_a_batch_of_one_job_say_so_in_the_singular(
+    cli: Callable[..., Result], prompt: str, tmp_path: Path
+):
+    # When a run fails (its model refuses the request for good)
+    failed = one_error_line(cli("run", "refusing", prompt, "--timeout", "30"))
+    # Then the error says the run failed
+    assert re.fullmatch(r"relayq: error: run run_[0-9a-f]+ failed: .*no such model.*", failed)
+
+    # When a batch of one job fails the same way
+    jobs = write_jobs(tmp_path / unique_name("jobs.jsonl"), [{"id": 1, "prompt": f"{prompt} 1"}])
+    output = tmp_path / "out.jsonl"
+    done = cli("batch", "refusing", str(jobs), "-o", str(output), "--timeout", "30")
+
+    # Then its verdict counts one job and one run
+    assert done.exit_code == 1, done.output
+    assert done.stdout.splitlines() == [f"1 job: 1 failed; results in {output}"]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"relayq: error: 1 of 1 run did not end done; see {output}"
+    )
+
+
 def test_a_pending_run_is_listed_answered_with_output_and_shown(
     cli: Callable[..., Result], durable: Durable, prompt: str
 ):
@@ -368,6 +396,35 @@ def test_bulk_previews_asks_and_decides_every_match_or_nothing(
         assert settle(durable, run_id, "done").text.startswith("refunded")
     trail = json.loads(cli("audit", "--actor", "dan", "--json").stdout)["items"]
     assert {(d["via"], d["outcome"]) for d in trail if d["runId"] in runs} == {("cli", "approved")}
+
+
+def test_bulk_approve_takes_the_oldest_1000_and_says_it_left_relay_requests_out(
+    cli: Callable[..., Result], durable: Durable
+):
+    # Given 1,001 refund approvals waiting, after 3 older relay requests
+    tag = new_tag()
+    with crowd(durable, tag, 1001, relay=3):
+        before = store_snapshot(durable)
+
+        # When dan asks to approve all that match, and says no at the question
+        asked = cli("bulk", "--approve", "--search", tag, "--as", "dan", input="n\n")
+
+        # Then one line says what was left out and why, the preview names the cap,
+        # the question the oldest 1,000, and nothing is decided
+        assert asked.exit_code == 1, asked.output
+        left_out = "left out 3 relay requests: they take an answer, not a decision"
+        assert asked.stdout.count(left_out) == 1, asked.stdout
+        assert "(relayq answer REQ --output ...)" in asked.stdout
+        assert "1,001 open requests match; a bulk decision takes at most 1,000: " in asked.stdout
+        assert "Approve the oldest 1,000 of these 1,001 requests?" in asked.stdout
+        assert "Nothing was decided." in asked.stdout
+
+        # When only relay requests match, it says so too
+        relay_only = cli("bulk", "--approve", "--search", tag, "--tool", "lookup", "-y")
+        assert relay_only.exit_code == 0, relay_only.output
+        assert left_out in relay_only.stdout
+        assert "No open request matches; nothing to decide." in relay_only.stdout
+        assert store_snapshot(durable) == before
 
 
 @pytest.mark.parametrize(
@@ -485,7 +542,7 @@ def test_an_unknown_agent_is_refused_and_starts_nothing(
     assert line.startswith("relayq: error: unknown agent 'no-such-agent'")
     assert "lookup" in line  # it names the agents it knows
 
-    jobs = tmp_path / "jobs.jsonl"
+    jobs = tmp_path / unique_name("jobs.jsonl")
     jobs.write_text('{"id": 1, "prompt": "hello"}\n')
     batch = cli("batch", "no-such-agent", str(jobs), "-o", str(tmp_path / "out.jsonl"))
     assert one_error_line(batch).startswith("relayq: error: unknown agent 'no-such-agent'")
@@ -640,6 +697,149 @@ def test_pending_refuses_a_bad_option_with_one_line(
     assert says in one_error_line(cli("pending", *options))
 
 
+# --- on a store of its own, with no worker: what takes no turn --------------------------
+
+
+@pytest.fixture
+def alone(tmp_path: Path, broker: Broker) -> Callable[..., Result]:
+    """Invoke `relayq ARGS` in this process on a store (SQLite, in `tmp_path`) and a key
+    prefix of this test only, with no worker; `env` goes over that environment."""
+    runner = CliRunner()
+    base = {
+        "RELAYQ_HOME": str(tmp_path),
+        "RELAYQ_DATABASE_URL": f"sqlite:///{tmp_path / 'relayq.db'}",
+        "RELAYQ_BROKER_URL": broker.url,
+        "RELAYQ_KEY_PREFIX": broker.new_prefix(),
+        "RELAYQ_AGENTS": "tests.durable.agents",
+        "COLUMNS": "250",
+    }
+
+    def invoke(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
+        merged = {**base, **(env or {})}
+        return runner.invoke(app, list(args), env=merged, catch_exceptions=False, input=input)
+
+    return invoke
+
+
+def own_store(tmp_path: Path) -> Database:
+    """The store `alone` uses, migrated."""
+    db = Database(f"sqlite:///{tmp_path / 'relayq.db'}")
+    migrate(db)
+    return db
+
+
+def halted_run(tmp_path: Path) -> tuple[str, str]:
+    """A run of the agent `agent` in `alone`'s store, halted on a relay call, as a worker
+    leaves it: (run id, request id)."""
+    run_id = new_id("run")
+    db = own_store(tmp_path)
+    try:
+        _, _, turn = asyncio.run(halt_on_relay(db, "c1", run_id=run_id))
+    finally:
+        db.dispose()
+    assert turn.pending is not None
+    return run_id, turn.pending.id
+
+
+def test_an_audit_cursor_carries_the_filters_of_its_page(
+    alone: Callable[..., Result], tmp_path: Path
+):
+    # Given a trail of declined and answered requests, interleaved
+    db = own_store(tmp_path)
+    try:
+        with db.write() as s:
+            for n in range(7):
+                outcome = "declined" if n % 2 == 0 else "answered"
+                s.add(
+                    DecisionRow(
+                        request_id=f"req_{n}", run_id=f"run_{n}", agent="refunds", actor="ann",
+                        via="cli", outcome=outcome, at=utcnow(),
+                    )
+                )  # fmt: skip
+    finally:
+        db.dispose()
+
+    # When the declined ones are listed a page of 3, and the printed command run as it is
+    first = alone("audit", "--outcome", "declined", "--limit", "3", "--json")
+    page = json.loads(first.stdout)
+    assert [i["requestId"] for i in page["items"]] == ["req_6", "req_4", "req_2"]
+    second = json.loads(alone("audit", "--cursor", page["nextCursor"], "--json").stdout)
+
+    # Then the next page is the rest of the declined ones, no answered one among them
+    assert [i["requestId"] for i in second["items"]] == ["req_0"]
+    assert second["nextCursor"] is None
+    table = alone("audit", "--outcome", "declined", "--limit", "3")
+    assert f"more: relayq audit --cursor {page['nextCursor']}" in table.stdout
+    # ... and a cursor that is none is one line
+    assert "bad cursor" in one_error_line(alone("audit", "--cursor", "42"))
+
+
+def test_version_prints_the_installed_packages_version():
+    result = CliRunner().invoke(app, ["--version"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"relayq {importlib.metadata.version('relayq')}\n"
+
+
+def test_show_of_a_request_names_its_run_and_agent_then_shows_the_run(
+    alone: Callable[..., Result], tmp_path: Path
+):
+    # Given a run halted on a relay call
+    run_id, request_id = halted_run(tmp_path)
+
+    # When the run is shown, and then its request
+    by_run = alone("show", run_id)
+    by_request = alone("show", request_id)
+
+    # Then the run shows its agent, its status and the request it waits on
+    assert by_run.exit_code == 0, by_run.output
+    run_lines = by_run.stdout.splitlines()
+    assert run_lines[0].startswith(f"run {run_id}  agent agent  pending  turns 1")
+    assert f"pending {request_id}  (tool_call)" in by_run.stdout
+    # ... and the request names its run and the run's agent, then shows that run
+    assert by_request.exit_code == 0, by_request.output
+    request_lines = by_request.stdout.splitlines()
+    assert request_lines[0] == (
+        f"request {request_id} (tool_call, open) of run {run_id}, agent agent"
+    )
+    assert request_lines[1].startswith(f"run {run_id}  agent agent  pending  turns 1")
+    assert request_lines[2:] == run_lines[1:]
+    # ... and an unknown request is one line
+    assert one_error_line(alone("show", "req_nosuchrequest")) == (
+        "relayq: error: unknown request id 'req_nosuchrequest'"
+    )
+
+
+def test_a_count_of_one_reads_in_the_singular(alone: Callable[..., Result], tmp_path: Path):
+    # Given one run waiting on one request, and a batch of one job
+    halted_run(tmp_path)
+    db = own_store(tmp_path)
+    try:
+        batch_id = start_batch(db, agent="recall", jobs=[("a", "x")]).batch_id
+    finally:
+        db.dispose()
+
+    # When the request is listed, then declined in bulk
+    listed = alone("pending")
+    declined = alone("bulk", "--decline", "no", "--agent", "agent", "--as", "dan", input="y\n")
+    # ... and the batch looked at, then cancelled
+    status = alone("batch", "status", batch_id)
+    cancelled = alone("batch", "cancel", batch_id)
+
+    # Then each count of one is said in the singular
+    assert listed.exit_code == 0, listed.output
+    assert "showing the one open request" in listed.stdout
+    assert declined.exit_code == 0, declined.output
+    assert "1 open request matches; to decline:" in declined.stdout
+    assert "Decline (reason: no) this request?" in declined.stdout
+    assert "1 request declined as dan (via cli, OS user" in declined.stdout
+    assert declined.stdout.rstrip().endswith("; 1 run resumes.")
+    assert status.exit_code == 0, status.output
+    assert "1 job: 1 queued" in status.stdout.splitlines()
+    assert "0 open requests; 0 tokens; cost 0" in status.stdout.splitlines()
+    assert cancelled.exit_code == 0, cancelled.output
+    assert f"batch {batch_id}: cancelled 1 run (1 queued)" in cancelled.stdout
+
+
 # --- batch ---------------------------------------------------------------------------
 
 
@@ -658,7 +858,7 @@ def test_a_batch_writes_results_in_input_order_and_a_rerun_starts_nothing(
     # Given three jobs whose ids are not in sorted order
     tag = uuid.uuid4().hex
     jobs = [{"id": job_id, "prompt": f"{job_id} {tag}"} for job_id in ("c", "a", "b")]
-    jobs_file = write_jobs(tmp_path / "jobs.jsonl", jobs)
+    jobs_file = write_jobs(tmp_path / unique_name("jobs.jsonl"), jobs)
     output = tmp_path / "results.jsonl"
 
     # When the batch runs
@@ -689,8 +889,73 @@ def test_a_batch_writes_results_in_input_order_and_a_rerun_starts_nothing(
     again = cli("batch", "recall", str(jobs_file), "-o", str(output), "--timeout", "40")
     assert again.exit_code == 0, again.output
     assert "0 started, 3 already started" in again.stderr
+    assert "runs/s" not in again.stderr, "none finished while it watched"
     assert run_count(durable) == before + 3
     assert read_results(output) == results
+
+
+def test_a_batch_is_known_by_its_name_not_its_output(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path
+):
+    # Given a batch of two jobs run to its end with -o a.jsonl
+    tag = uuid.uuid4().hex
+    jobs_file = write_jobs(
+        tmp_path / unique_name("jobs.jsonl"), [{"id": i, "prompt": f"{i} {tag}"} for i in (1, 2)]
+    )
+    first = cli("batch", "recall", str(jobs_file), "-o", str(tmp_path / "a.jsonl"))
+    assert first.exit_code == 0, first.output
+    batch_id = json.loads((tmp_path / "a.jsonl.runs").read_text())["batch"]
+    before = run_count(durable)
+
+    # When it is started again under another output, it is refused, naming the batch
+    again = cli("batch", "recall", str(jobs_file), "-o", str(tmp_path / "b.jsonl"))
+    assert one_error_line(again) == (
+        f"relayq: error: batch {jobs_file.name!r} ({batch_id}) has run all 2 jobs of the file "
+        "to its end already (2 done); for its results: relayq batch export "
+        f"{batch_id}; to run them again as a new batch: --new (or another --name)"
+    )
+    # ... and nothing started, nor was written
+    assert run_count(durable) == before
+    assert not (tmp_path / "b.jsonl").exists()
+
+    # When it is started with --new, a new batch of the same name runs both jobs again
+    fresh = cli("batch", "recall", str(jobs_file), "-o", str(tmp_path / "b.jsonl"), "--new")
+    assert fresh.exit_code == 0, fresh.output
+    assert "2 started, 0 already started" in fresh.stderr
+    assert run_count(durable) == before + 2
+    new_id_ = json.loads((tmp_path / "b.jsonl.runs").read_text())["batch"]
+    assert new_id_ != batch_id
+
+    # And --name makes a batch of its own; `relayq batches` shows each by its name
+    named = cli("batch", "recall", str(jobs_file), "-o", str(tmp_path / "c.jsonl"), "--name", tag)
+    assert named.exit_code == 0, named.output
+    listed = json.loads(cli("batches", "--agent", "recall", "--json", "--limit", "3").stdout)
+    assert [b["name"] for b in listed["items"]] == [tag, jobs_file.name, jobs_file.name]
+
+
+def test_a_batch_started_under_another_output_resumes_the_batch_of_its_name(
+    cli: Callable[..., Result], durable: Durable, tmp_path: Path
+):
+    # Given a batch whose one job waits on the host, followed for a second with -o a.jsonl
+    jobs_file = write_jobs(
+        tmp_path / unique_name("jobs.jsonl"), [{"id": 1, "prompt": f"job {uuid.uuid4().hex}"}]
+    )
+    output = tmp_path / "a.jsonl"
+    first = cli("batch", "lookup", str(jobs_file), "-o", str(output), "--timeout", "1")
+    assert first.exit_code == 1, first.output
+    batch_id = json.loads((tmp_path / "a.jsonl.runs").read_text())["batch"]
+    before = run_count(durable)
+
+    # When it is started under another output, it follows the same batch, starting nothing
+    again = cli(
+        "batch", "lookup", str(jobs_file), "-o", str(tmp_path / "b.jsonl"), "--timeout", "1"
+    )
+    assert again.exit_code == 1, again.output
+    assert f"batch {jobs_file.name!r} ({batch_id}) was started before: resuming it" in again.stderr
+    assert "0 started, 1 already started" in again.stderr
+    assert run_count(durable) == before
+    assert json.loads((tmp_path / "b.jsonl.runs").read_text())["batch"] == batch_id
+    cli("batch", "cancel", batch_id)
 
 
 def test_a_batch_waits_on_pending_runs_and_resumes_them_after_a_timeout(
@@ -699,7 +964,8 @@ def test_a_batch_waits_on_pending_runs_and_resumes_them_after_a_timeout(
     # Given a batch whose runs all wait on the host, run with a short timeout
     tag = uuid.uuid4().hex
     jobs_file = write_jobs(
-        tmp_path / "jobs.jsonl", [{"id": i, "prompt": f"job {i} {tag}"} for i in (1, 2)]
+        tmp_path / unique_name("jobs.jsonl"),
+        [{"id": i, "prompt": f"job {i} {tag}"} for i in (1, 2)],
     )
     output = tmp_path / "out.jsonl"
     before = run_count(durable)
@@ -717,7 +983,7 @@ def test_a_batch_waits_on_pending_runs_and_resumes_them_after_a_timeout(
         "relayq: error: 2 of 2 runs not finished after 1 s; "
         "run the same command again to wait on them"
     )
-    assert "pending 2" in first.stderr
+    assert "waiting on a person 2" in first.stderr
     pending = read_results(output)
     assert [r["id"] for r in pending] == [1, 2]
     assert run_count(durable) == before + 2
@@ -742,30 +1008,62 @@ def test_a_batch_waits_on_pending_runs_and_resumes_them_after_a_timeout(
     assert run_count(durable) == before + 2
 
 
-@pytest.mark.parametrize(
-    ("line", "complaint"),
-    [
-        ('{"id": "b", "prompt": "two"', "line 2: not valid JSON"),
-        ('{"id": "b"}', 'line 2: missing "prompt"'),
-        ('{"prompt": "two"}', 'line 2: missing "id"'),
-        ('["b", "two"]', "line 2: expected an object"),
-        ('{"id": "a", "prompt": "again"}', "line 2: duplicate id 'a' (first on line 1)"),
-    ],
-)
-def test_a_bad_jobs_file_is_refused_whole_and_starts_nothing(
-    cli: Callable[..., Result], durable: Durable, tmp_path: Path, line: str, complaint: str
+PROMPTS_OF_100_BYTES = {"RELAYQ_MAX_ANSWER_BYTES": "100"}
+BAD_JOBS = {
+    "bad JSON": ('{"id": "b", "prompt": "two"', "{}:2: not valid JSON"),
+    "not an object": ('["b", "two"]', "{}:2: expected an object"),
+    "no id": ('{"prompt": "two"}', '{}:2: missing "id"'),
+    "a bad id": ('{"id": true, "prompt": "two"}', '{}:2: "id" must be a non-empty string'),
+    "no prompt": ('{"id": "b"}', "{}:2: job 'b': missing \"prompt\""),
+    "an empty prompt": ('{"id": 7, "prompt": " "}', '{}:2: job 7: "prompt" must be a non-empty'),
+    "a duplicate id": (
+        '{"id": "a", "prompt": "again"}',
+        "{}:2: job 'a': duplicate id, first on {}:1",
+    ),
+    "a NUL": (
+        '{"id": "b", "prompt": "tw\\u0000o"}',
+        "{}:2: job 'b': its prompt holds a NUL character (\\x00) at position 2, "
+        "which the store cannot keep",
+    ),
+    "a lone surrogate": (
+        '{"id": "b", "prompt": "caf\\udce9"}',
+        "{}:2: job 'b': its prompt holds a lone surrogate (\\udce9) at position 3",
+    ),
+    "a NUL in the id": ('{"id": "b\\u0000", "prompt": "two"}', '{}:2: "id" holds a NUL'),
+    "a prompt too large": (
+        '{"id": "b", "prompt": "%s"}' % ("x" * 99),
+        "{}:2: job 'b': its prompt is over the limit of 100 bytes of JSON "
+        "(RELAYQ_MAX_ANSWER_BYTES, the limit on prompts as on answers)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("line", "complaint"), BAD_JOBS.values(), ids=BAD_JOBS.keys())
+def test_a_bad_jobs_file_is_refused_whole_naming_the_line_and_job_and_starts_nothing(
+    alone: Callable[..., Result], tmp_path: Path, line: str, complaint: str
 ):
+    # Given a file whose second line is bad, and a limit of 100 bytes on prompts
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text(f'{{"id": "a", "prompt": "one"}}\n{line}\n{{"id": "c", "prompt": "three"}}\n')
     output = tmp_path / "out.jsonl"
-    before = store_snapshot(durable)
 
-    result = cli("batch", "recall", str(jobs), "-o", str(output))
+    # When the batch is started
+    result = alone("batch", "recall", str(jobs), "-o", str(output), env=PROMPTS_OF_100_BYTES)
 
-    assert complaint in one_error_line(result)
-    assert store_snapshot(durable) == before
+    # Then it is one line naming the file's line (and the job), and nothing was written
+    assert complaint.replace("{}", str(jobs)) in one_error_line(result)
+    assert not (tmp_path / "relayq.db").exists()
     assert not output.exists()
     assert not (tmp_path / "out.jsonl.runs").exists()
+
+
+def test_a_prompt_at_the_limit_is_taken(alone: Callable[..., Result], tmp_path: Path):
+    # 98 characters and two quotes: 100 bytes of JSON, as the limit on prompts counts them
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [{"id": 1, "prompt": "x" * 98}])
+    env = {**PROMPTS_OF_100_BYTES, "RELAYQ_BROKER_URL": "redis://127.0.0.1:1/0"}
+    result = alone("batch", "recall", str(jobs), "-o", str(tmp_path / "out.jsonl"), env=env)
+    # past the file's checks, up to the broker's, which does not answer
+    assert "cannot reach the broker at redis://127.0.0.1:1/0" in one_error_line(result)
 
 
 def test_a_decision_on_a_relay_request_and_a_result_for_an_approval_are_refused_naming_the_way(

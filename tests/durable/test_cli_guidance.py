@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,15 @@ import pytest
 
 from api import create_app
 from cli._common import warn_if_no_worker
-from store import Database
-from tasks import Settings
+from store import Database, OutboxRow
+from store.outbox import ANSWER_TASK, unpublished
+from tasks import DurableClient, Settings
+from tasks.publish import publish
 from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
 
-from .conftest import ROOT, Broker, Durable, Worker
+from .conftest import ROOT, Broker, Durable, Worker, unique_name
 from .test_api import serve_in_thread
 
 RELAYQ = Path(sys.executable).parent / "relayq"
@@ -219,6 +222,87 @@ def test_run_with_no_embedded_broker_running_says_a_worker_starts_it(place: Plac
         f"nothing answers on {place.home / 'redis.sock'}); a worker starts it: "
         f"relayq worker --agents {AGENTS}"
     )
+
+
+# --- the broker down once a change is stored: one warning, and the change goes on later ---------
+
+
+def _down(place: Place) -> tuple[dict[str, str], str]:
+    """The place's environment with a broker that does not answer, and that broker as shown."""
+    port = free_port()
+    env = {**place.env, "RELAYQ_BROKER_URL": f"redis://:{SECRET}@127.0.0.1:{port}/0"}
+    return env, f"the broker at redis://:**@127.0.0.1:{port}/0 is not answering"
+
+
+def _unsent(place: Place, run_ids: set[str]) -> list[OutboxRow]:
+    """The answers' messages of these runs that the store holds and nobody has sent."""
+    db = place.db
+    try:
+        rows = unpublished(db, older_than=timedelta(0))
+        return [r for r in rows if r.run_id in run_ids and r.task == ANSWER_TASK]
+    finally:
+        db.dispose()
+
+
+async def test_an_answer_with_the_broker_down_is_one_warning_and_reaches_the_run_once_it_is_back(
+    served: Place,
+):
+    # Given a run waiting on its relay call
+    async with DurableClient(settings=Settings.from_env(served.env)) as client:
+        halted = await client.run("lookup", f"find {uuid.uuid4().hex}", timeout=30)
+        assert halted.status == "pending"
+        assert halted.pending is not None
+        assert halted.run_id is not None
+        run_id, request_id = halted.run_id, halted.pending.id
+
+        # When it is answered from the command line while the broker does not answer
+        env, down = _down(served)
+        done = relayq("answer", request_id, "--output", "found it", env=env, timeout=30)
+
+        # Then the answer is taken (exit 0), and stderr holds one warning saying so
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.splitlines() == [
+            f"relayq: warning: {down}: the answer is stored and reaches the run once the "
+            "broker is back"
+        ]
+        assert done.stdout.startswith(f"answered {request_id} ")
+        assert SECRET not in done.stdout + done.stderr
+        # And the store holds the answer, and the message that applies it, not sent yet
+        assert (await client.result(run_id)).status == "pending"
+        unsent = _unsent(served, {run_id})
+        assert [(r.task, r.args) for r in unsent] == [(ANSWER_TASK, [request_id])]
+
+        # When the broker is back and the message goes, as a worker's sweep sends it
+        publish(client.app, client.db, unsent)
+
+        # Then the run goes on with the answer
+        done_run = await client.result(run_id, wait=True, timeout=30)
+        assert (done_run.status, done_run.text) == ("done", "found it")
+
+
+async def test_a_bulk_decision_with_the_broker_down_is_one_warning_and_is_stored(served: Place):
+    # Given two refunds waiting on their approval
+    tag = f"tag{uuid.uuid4().hex[:10]}"
+    prompts = [json.dumps({"order": f"{n:05d}", "amount": 10, "note": tag}) for n in range(2)]
+    async with DurableClient(settings=Settings.from_env(served.env)) as client:
+        run_ids = await client.start_many("desk", prompts)
+        halted = [await client.result(r, wait=True, timeout=30) for r in run_ids]
+    assert [r.status for r in halted] == ["pending", "pending"]
+
+    # When both are approved in bulk while the broker does not answer
+    env, down = _down(served)
+    done = relayq("bulk", "--approve", "--search", tag, "--member-of", "finance", "--yes", env=env)
+
+    # Then both are decided (exit 0), with one warning saying the runs go on later
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        f"relayq: warning: {down}: the answers are stored and reach their runs once the "
+        "broker is back"
+    ]
+    assert "2 requests approved" in done.stdout
+    unsent = _unsent(served, set(run_ids))
+    assert sorted(str(r.run_id) for r in unsent) == sorted(run_ids)
+    # (The served worker's sweep sends them once they are older than RELAYQ_OUTBOX_GRACE.)
 
 
 # --- misconfiguration: one line naming the variable, for every command, never a secret ----------
@@ -421,7 +505,7 @@ def test_show_json_of_an_unknown_run_is_one_line(durable: Durable):
 
 
 def test_a_batch_with_the_broker_down_is_one_line_and_starts_nothing(place: Place):
-    jobs = place.home / "jobs.jsonl"
+    jobs = place.home / unique_name("jobs.jsonl")
     jobs.write_text('{"id": 1, "prompt": "hello"}\n')
     port = free_port()
     env = {**place.env, "RELAYQ_BROKER_URL": f"redis://:{SECRET}@127.0.0.1:{port}/0"}
@@ -435,7 +519,7 @@ def test_a_batch_with_the_broker_down_is_one_line_and_starts_nothing(place: Plac
 
 
 def test_a_batch_with_no_worker_says_so_and_waits_to_its_timeout(place: Place):
-    jobs = place.home / "jobs.jsonl"
+    jobs = place.home / unique_name("jobs.jsonl")
     jobs.write_text('{"id": 1, "prompt": "hello"}\n')
     out = place.home / "out.jsonl"
     done = relayq("batch", "recall", str(jobs), "-o", str(out), "--timeout", "2", env=place.env)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import subprocess
 import sys
@@ -16,11 +17,12 @@ import pytest
 
 from tasks import DurableClient
 from tests import forkserver
+from tests.durable.queue_agents import VIP_QUEUE
 from tests.ports import free_port
 from tests.processes import stop_group
 from workers.flower import credentials, run
 
-from .conftest import ROOT, Durable, Eventually
+from .conftest import ROOT, Durable, Eventually, SpareWorkers
 
 ONE_LANE = True  # tests/conftest.py: Flower, once
 
@@ -46,6 +48,21 @@ class Flower:
             for task_id, task in tasks.items()
             if f"run={run_id} " in (task.get("args") or "")
         }
+
+    async def task_list(self, search: str) -> list[dict[str, Any]]:
+        """The rows of Flower's /tasks page that `search` finds, as its table shows
+        them: only the columns the page has, fetched as its script fetches them."""
+        async with httpx.AsyncClient(auth=self.auth, timeout=5) as http:
+            page = (await http.get(self.url + "/tasks")).raise_for_status().text
+            columns = re.findall(r'<th data-column="([^"]+)"', page)
+            params: dict[str, Any] = {
+                "draw": 1, "start": 0, "length": 100, "search[value]": search,
+                "order[0][column]": 0, "order[0][dir]": "desc",
+            }  # fmt: skip
+            params.update({f"columns[{n}][data]": name for n, name in enumerate(columns)})
+            table = await http.get(self.url + "/tasks/datatable", params=params)
+        rows = table.raise_for_status().json()["data"]
+        return [{column: row.get(column) for column in columns} for row in rows]
 
 
 def _answers(url: str) -> bool:
@@ -143,6 +160,82 @@ async def test_flower_shows_the_phase_of_a_turn_while_it_runs(
     (durable.log / f"release-{run_id}").touch()
     assert (await client.result(run_id, wait=True, timeout=20)).status == "done"
     await eventually(lambda: _all_succeeded(flower, run_id, 2), what="flower to see both turns")
+
+
+async def test_flowers_task_list_shows_each_turns_run_agent_and_number(
+    durable: Durable, client: DurableClient, flower: Flower, prompt: str, eventually: Eventually
+):
+    # Given a two-turn run that has finished while Flower watched
+    await _events_on(durable, eventually)
+    run_id = await client.start("two-step", prompt)
+    assert (await client.result(run_id, wait=True, timeout=20)).status == "done"
+
+    # When an operator looks for the run on Flower's task list
+    async def both_listed() -> list[dict[str, Any]] | None:
+        rows = await flower.task_list(run_id)
+        return rows if [r.get("state") for r in rows] == ["SUCCESS"] * 2 else None
+
+    rows = await eventually(both_listed, what="flower's task list to show both turns")
+
+    # Then each row shows the turn's run, agent and number, and never the prompt
+    assert sorted(row.get("args") or "" for row in rows) == [
+        f"run={run_id} agent=two-step turn=1",
+        f"run={run_id} agent=two-step turn=2",
+    ]
+    assert prompt not in str(rows)
+
+
+async def test_a_turn_run_in_a_workers_first_moments_shows_in_flower(
+    durable: Durable,
+    client: DurableClient,
+    flower: Flower,
+    spare_workers: SpareWorkers,
+    prompt: str,
+    eventually: Eventually,
+):
+    # Given Flower is watching, and a run waits on a queue no worker consumes yet
+    run_id = await client.start("vip", prompt)
+
+    # When a worker for that queue starts (on Flower's broker) and at once runs its turns,
+    # before Flower's first enable_events broadcast (every 5 s) could reach it
+    env = {**durable.env, "RELAYQ_AGENTS": "tests.durable.agents,tests.durable.queue_agents"}
+    spare_workers._launch(env, ("-Q", VIP_QUEUE))
+    try:
+        halted = await client.result(run_id, wait=True, timeout=30)
+        assert halted.status == "pending", halted.error  # turn 2 asked the host to look up
+
+        # Then Flower holds both turns all the same
+        async def both_succeeded() -> dict[str, Any] | None:
+            return await _all_succeeded(flower, run_id, 2)
+
+        turns = await eventually(both_succeeded, timeout=10, what="flower to see both turns")
+    finally:
+        await client.cancel(run_id)
+    # ... the second from when the worker sent it (the client that sent the first sends
+    # no task-sent events)
+    by_label = {task["args"]: task for task in turns.values()}
+    assert by_label[f"run={run_id} agent=vip turn=2"]["sent"] is not None
+
+
+async def test_a_failed_turn_shows_its_runtime_in_flowers_task_list(
+    durable: Durable, client: DurableClient, flower: Flower, prompt: str, eventually: Eventually
+):
+    # Given task events are on
+    await _events_on(durable, eventually)
+
+    # When a run fails in its first turn (the model refuses the request)
+    run_id = await client.start("refusing", prompt)
+    assert (await client.result(run_id, wait=True, timeout=20)).status == "failed"
+
+    # Then Flower's list shows the turn failed, with how long it ran
+    async def failed() -> dict[str, Any] | None:
+        rows = await flower.task_list(run_id)
+        return rows[0] if [r.get("state") for r in rows] == ["FAILURE"] else None
+
+    row = await eventually(failed, what="flower's task list to show the turn failed")
+    assert isinstance(row.get("runtime"), float), row
+    assert 0 < row["runtime"] < 20
+    assert row.get("args") == f"run={run_id} agent=refusing turn=1"
 
 
 async def test_flower_refuses_requests_without_the_password(flower: Flower):

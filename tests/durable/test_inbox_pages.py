@@ -10,9 +10,10 @@ from html import escape, unescape
 from typing import Any
 
 import pytest
+from sqlmodel import col, select
 
 from api.app import create_app
-from store.models import utcnow
+from store.models import VoteRow, utcnow
 from store.webhooks import Event
 from tasks import DurableClient
 from tasks.webhooks import slack_text
@@ -25,15 +26,17 @@ from .desk import (
     SID,
     SUE,
     VAL,
+    crowd,
     ids_of,
     inbox_session,
+    new_tag,
     refund_prompt,
     start_refunds,
     waiting,
 )
 from .test_api import ApiServer, csrf_of, open_request, serve_in_thread, settled_run
 
-ITEM = re.compile(r'<article class="request[^"]*" id="request-[^"]+" data-request-id="([^"]+)"')
+ITEM = re.compile(r'<tr class="request[^"]*" id="request-[^"]+" data-request-id="([^"]+)"')
 NEXT = re.compile(r'<a href="([^"]+)" rel="next">')
 
 
@@ -111,6 +114,9 @@ async def test_the_list_counts_everything_and_pages_past_200_oldest_first(
         pytest.param({"group": "finance"}, 3, id="group"),
         pytest.param({"group": "support"}, 0, id="another group"),
         pytest.param({"age": "1h"}, 0, id="older than an hour"),
+        pytest.param({"older_than": "1h"}, 0, id="older_than, as the API takes it"),
+        pytest.param({"newer_than": "1h"}, 3, id="newer_than, as the API takes it"),
+        pytest.param({"tool": "", "agent": ""}, 3, id="an empty value is no filter"),
     ],
 )
 async def test_filters_narrow_the_list_and_its_count(
@@ -139,8 +145,15 @@ async def test_filters_narrow_the_list_and_its_count(
 
 @pytest.mark.parametrize(
     "params",
-    [{"age": "3 weeks"}, {"sort": "price"}, {"order": "up"}, {"cursor": "not-a-cursor"}],
-    ids=["age", "sort", "order", "cursor"],
+    [
+        {"age": "3 weeks"},
+        {"older_than": "soon"},
+        {"newer_than": "1y"},
+        {"sort": "price"},
+        {"order": "up"},
+        {"cursor": "not-a-cursor"},
+    ],
+    ids=["age", "older_than", "newer_than", "sort", "order", "cursor"],
 )
 async def test_a_filter_the_inbox_does_not_take_is_a_clear_422(
     api: ApiServer, params: dict[str, str]
@@ -480,6 +493,102 @@ async def test_bulk_preview_without_a_selection_says_so(api: ApiServer):
         )
     assert res.status_code == 422
     assert "Select the requests to decide first" in res.text
+
+
+def words(html: str) -> str:
+    """A page's text as one line, its markup's spacing and entities gone."""
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+def previewed(html: str) -> list[str]:
+    """The ids a preview's confirmation would decide, in its order."""
+    found = PREVIEW_ITEMS.search(html)
+    assert found is not None, words(html)[:2000]
+    return [item.rpartition(":")[0] for item in unescape(found.group(1)).split(",")]
+
+
+async def test_over_the_cap_the_inbox_offers_the_oldest_1000_matching_and_decides_exactly_those(
+    api: ApiServer, durable: Durable
+):
+    # Given 1,050 refund approvals waiting (two approvals each), after 5 older relay requests
+    tag = new_tag()
+    with crowd(durable, tag, 1050, relay=5) as ids:
+        relays, approvals = ids[:5], ids[5:]
+        async with inbox_session(api, FAY) as (http, csrf):
+            # When fay lists them, the list offers the oldest 1,000, not all 1,055
+            # (listed the newest first: "the oldest" still means the oldest)
+            listing = words((await http.get("/", params={"q": tag, "order": "desc"})).text)
+            assert "Approve the oldest 1,000 matching…" in listing
+            assert "Decline the oldest 1,000 matching…" in listing
+            assert "all 1,055 matching" not in listing
+
+            # When she asks to approve them: the preview says it approves the oldest
+            # 1,000 of the 1,050 approvals, and that it left the relay requests out
+            form = {"csrf_token": csrf, "action": "approve-matching", "q": tag, "order": "desc"}
+            preview = await http.post("/bulk/preview", data=form)
+            assert preview.status_code == 200, words(preview.text)[:2000]
+            shown = words(preview.text)
+            assert "Approve the oldest 1,000 of 1,050 matching requests?" in shown
+            assert "left out 5 relay requests: they take an answer, not a decision" in shown
+            assert "Approve 0" not in shown
+            assert previewed(preview.text) == approvals[:1000]
+            assert "Approve 1,000" in shown
+
+            # And declining would decline the oldest 1,000 of all 1,055, relay ones too
+            decline = {**form, "action": "decline-matching"}
+            declining = await http.post("/bulk/preview", data=decline)
+            assert "Decline the oldest 1,000 of 1,055 matching requests?" in words(declining.text)
+            assert previewed(declining.text) == ids[:1000]
+
+            # When she confirms the approval
+            items = unescape(PREVIEW_ITEMS.search(preview.text).group(1))  # type: ignore[union-attr]
+            confirm = {"csrf_token": csrf, "decision": "approve", "items": items, "q": tag}
+            done = await http.post("/bulk", data=confirm)
+            assert done.status_code == 303, words(done.text)[:2000]
+            after = words((await http.get(done.headers["location"])).text)
+            assert "Approved 1,000 requests (0 resolved" in after
+
+        # Then exactly those 1,000 have her vote: not the 50 youngest, nor a relay request
+        db = durable.db()
+        try:
+            with db.read() as s:
+                mine = select(VoteRow.request_id).where(
+                    VoteRow.voter == "fay", col(VoteRow.request_id).in_(ids)
+                )
+                voted = set(s.exec(mine))
+        finally:
+            db.dispose()
+        assert voted == set(approvals[:1000])
+        assert not voted & set(relays)
+
+
+async def test_the_list_takes_a_page_size_up_to_200_and_keeps_it_in_its_links(
+    api: ApiServer, durable: Durable
+):
+    tag = new_tag()
+    with crowd(durable, tag, 250) as ids:
+        async with inbox_session(api, FAY) as (http, _):
+            default = await http.get("/", params={"q": tag})
+            page = await http.get("/", params={"q": tag, "limit": "200"})
+            link = NEXT.search(page.text)
+            assert link is not None
+            rest = await http.get(unescape(link.group(1)))
+            too_many = await http.get("/", params={"q": tag, "limit": "500"})
+            not_a_size = await http.get("/", params={"q": tag, "limit": "lots"})
+
+    assert len(listed(default.text)) == 50
+    assert listed(page.text) == ids[:200]
+    assert count_line(page.text) == "Showing 1–200 of 250 open requests matching the filters"
+    assert "limit=200" in unescape(link.group(1))
+    assert listed(rest.text) == ids[200:]
+    assert count_line(rest.text) == "Showing 201–250 of 250 open requests matching the filters"
+    # the filter form and the bulk form keep the size too
+    assert '<option value="200" selected>' in page.text
+    assert '<input type="hidden" name="limit" value="200">' in page.text
+    for refused in (too_many, not_a_size):
+        assert refused.status_code == 422
+        assert "a page of the inbox shows 1 to 200 requests" in unescape(refused.text)
+        assert listed(refused.text) == []
 
 
 # --- the same over the API ------------------------------------------------------------

@@ -11,9 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy.exc import DataError, StatementError
 
-from relayq import Answer, BuiltinsConfig, ResumeError, ToolContext, create_toolkit, define_tool
+from relayq import (
+    Answer,
+    BuiltinsConfig,
+    ResumeError,
+    ToolContext,
+    create_toolkit,
+    define_tool,
+)
 from relayq.limits import (
     DEFAULT_MAX_ANSWER_BYTES,
     AnswerTooLarge,
@@ -129,7 +135,7 @@ def test_postgresql_keeps_a_nul_in_json_but_refuses_it_in_a_text_column(pg: Data
             created_at=now, updated_at=now,
         )  # fmt: skip
         setattr(run, column, "a\x00b")
-        with pytest.raises(DataError, match="cannot contain NUL"), pg.write() as s:
+        with pytest.raises(UnstorableInput, match="holds a NUL character"), pg.write() as s:
             s.add(run)
 
 
@@ -139,8 +145,11 @@ def test_no_database_takes_a_lone_surrogate_in_a_text_column(db: Database):
         id="run_1", agent="a", conversation_id="c", status="done", text="caf\udce9",
         created_at=now, updated_at=now,
     )  # fmt: skip
-    with pytest.raises((UnicodeEncodeError, StatementError)), db.write() as s:
+    with pytest.raises(UnstorableInput, match="lone surrogate"), db.write() as s:
         s.add(run)
+    # nor a lookup: the same error, not the driver's
+    with pytest.raises(UnstorableInput, match="lone surrogate"), db.read() as s:
+        s.get(RunRow, "run_\udce9")
 
 
 async def test_a_database_error_is_described_without_its_sql_or_parameters(pg: Database):
@@ -151,16 +160,17 @@ async def test_a_database_error_is_described_without_its_sql_or_parameters(pg: D
         id="run_1", agent="a", conversation_id="c", status="done", text=f"done\x00 {prompt}",
         created_at=now, updated_at=now,
     )  # fmt: skip
-    with pytest.raises(DataError) as failed, pg.write() as s:
+    with pytest.raises(UnstorableInput) as failed, pg.write() as s:
         s.add(run)
 
-    # Then the driver's text holds SQL (parameters hidden), and the description neither
-    assert "[SQL:" in str(failed.value)
-    assert prompt not in str(failed.value), "the engine hides parameters"
+    # Then the error says what the store cannot keep, and neither it nor its
+    # description holds the SQL, the parameters or the driver's text
     described = describe_error(failed.value)
-    assert described.startswith("DataError: (psycopg.DataError) PostgreSQL text fields cannot")
-    for leaked in ("[SQL", "INSERT", "parameters", "Carol", "4242", "\x00"):
-        assert leaked not in described
+    assert described.startswith("a value given holds a NUL character")
+    for said in (str(failed.value), described):
+        for leaked in ("[SQL", "INSERT", "parameters", "Carol", "4242", "\x00", "psycopg"):
+            assert leaked not in said
+    assert failed.value.__cause__ is None
 
 
 async def test_what_a_model_or_a_tool_makes_never_fails_a_run_on_either_database(db: Database):

@@ -24,6 +24,7 @@ from store import (
     query_requests,
 )
 from store.models import RequestRow
+from store.requests import age_of
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -297,7 +298,7 @@ APPROVERS: list[list[str] | None] = [
         ("axb", []),
         ('say "hi"', [7]),
         ("équipe", [8]),
-        ("", []),
+        ("", list(range(len(APPROVERS)))),  # an empty filter is none, as everywhere
     ],
 )
 def test_group_picks_the_requests_whose_approvers_name_it_exactly(
@@ -390,7 +391,6 @@ def test_filters_combine_and_the_total_counts_only_what_they_pick(db: Database):
             "created_before needs a time zone",
         ),
         (RequestQuery(cursor="not a cursor!"), "cursor", "bad cursor"),
-        (RequestQuery(cursor=""), "cursor", "bad cursor"),
         (RequestQuery(cursor="x" * 5000), "cursor", "bad cursor: it is too long"),
     ],
 )
@@ -458,3 +458,46 @@ def listing_rows(tag: str, agent: str) -> list[dict[str, Any]]:
         )
         for n in range(65)
     ]
+
+
+def test_a_cursor_carries_the_filters_of_the_page_that_printed_it(db: Database):
+    # Given declined (answered) and open requests of two agents, interleaved
+    add(
+        db,
+        [
+            request_row(n, status=("answered", "open")[n % 2], agent=("a", "b")[n // 2 % 2])
+            for n in range(40)
+        ],
+    )
+    first = query_requests(db, RequestQuery(status="answered", agent="a", limit=3))
+    assert first.next_cursor is not None
+
+    # When the next page is asked for with the cursor alone (the defaults: open, any agent)
+    rest = all_requests(db, RequestQuery(cursor=first.next_cursor))
+
+    # Then it is the same listing: answered requests of agent a, after the first page's
+    expected = [f"req_{n:05d}" for n in range(40) if n % 2 == 0 and n // 2 % 2 == 0]
+    assert ids(first.items) + ids(rest.items) == expected
+    assert rest.total == len(expected)
+
+
+def test_an_empty_filter_value_is_no_filter(db: Database):
+    add(db, [request_row(n, tool=("t", None)[n % 2]) for n in range(4)])
+    everything = listed(db)
+    for name in ("agent", "tool", "kind", "group", "run_id", "search", "cursor"):
+        assert listed(db, **{name: ""}) == everything, name
+    assert listed(db, status="") == listed(db, status=()) == everything  # open, the default
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90s", 90), ("15m", 900), (" 2h ", 7200), ("3d", 259200), ("1w", 604800)]
+)
+def test_an_age_reads_one_way_for_every_listing(text: str, seconds: int):
+    assert age_of(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["soon", "", "2", "h", "1y", "1.5h", "9" * 12 + "s"])
+def test_an_age_that_is_none_is_refused_naming_the_filter(text: str):
+    with pytest.raises(BadQuery, match=r"cannot read .* as an age") as refused:
+        age_of(text, "newer_than")
+    assert refused.value.field == "newer_than"

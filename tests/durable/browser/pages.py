@@ -72,7 +72,7 @@ def button(where: Page | Locator, name: str) -> Locator:
 
 async def listed(page: Page) -> list[str]:
     """The ids of the requests the list shows, in its order."""
-    items = page.locator("article.request")
+    items = page.locator("tr.request")
     ids: list[str] = await items.evaluate_all("items => items.map(i => i.dataset.requestId)")
     return ids
 

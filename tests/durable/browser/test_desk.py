@@ -103,7 +103,7 @@ async def test_filters_and_sorts_change_the_list_and_its_count_and_a_bad_one_is_
     await page.get_by_label("Agent", exact=True).fill("desk_pair")
     await button(page, "Filter").click()
     assert await showing(page, matching(2)) == pairs
-    await expect(page.locator("article.request").filter(has_text="quorum 2")).to_have_count(2)
+    await expect(page.locator("tr.request").filter(has_text="quorum 2")).to_have_count(2)
 
     # When she sorts by agent instead, descending, they all come back in that order
     await page.get_by_label("Agent", exact=True).fill("")
@@ -135,9 +135,9 @@ async def test_filters_and_sorts_change_the_list_and_its_count_and_a_bad_one_is_
     assert response is not None
     assert response.status == 422
     await expect(page.get_by_role("alert")).to_have_text(
-        "unknown age 'bogus'; one of 1h, 4h, 1d, 7d"
+        "cannot read 'bogus' as an age; write a number and a unit: 90s, 15m, 2h, 3d, 1w"
     )
-    await expect(page.locator("article.request")).to_have_count(0)
+    await expect(page.locator("tr.request")).to_have_count(0)
 
 
 async def test_a_request_page_shows_the_arguments_the_raw_json_the_prompt_and_who_started_it(

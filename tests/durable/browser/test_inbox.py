@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterator
 from typing import Annotated
 from urllib.parse import urlencode
@@ -15,7 +16,8 @@ from playwright.async_api import Browser, expect
 
 from api._inbox import CSRF_REFUSED
 
-from ..conftest import Eventually
+from ..conftest import Durable, Eventually
+from ..desk import crowd, new_tag
 from ..test_api import (
     APPROVER,
     SUBMITTER,
@@ -114,7 +116,7 @@ async def test_an_approver_approves_in_the_inbox_and_another_tab_follows_without
 
     # And the policy that allows no inline script or style let the page's own files work
     assert violations == []
-    await expect(page.locator("body")).to_have_css("max-width", "896px")  # 56rem, inbox.css
+    await expect(page.locator("body")).to_have_css("max-width", "1216px")  # 76rem, inbox.css
 
 
 async def test_a_viewer_sees_requests_but_no_answer_forms_and_can_log_out(
@@ -196,3 +198,41 @@ async def test_a_page_of_another_origin_can_neither_answer_in_the_inbox_nor_call
     async with api.http(APPROVER) as approver:  # leave nothing open behind
         path = f"/api/requests/{request_id}/answer"
         assert (await approver.post(path, json={"output": "done"})).status_code == 200
+
+
+async def test_the_list_is_a_compact_table_and_shows_200_a_page_when_asked(
+    api: ApiServer, browser: Browser, durable: Durable
+):
+    # Given 210 refund approvals waiting, straight in the store
+    tag = new_tag()
+    with crowd(durable, tag, 210) as ids:
+        # When an approver opens them on a screen 1000 px high
+        page = await logged_in(browser, api, APPROVER)
+        await page.set_viewport_size({"width": 1280, "height": 1000})
+        await page.goto(f"/?q={tag}")
+        rows = page.locator("#requests .request")
+        await expect(rows).to_have_count(50)
+
+        # Then at least 20 of them are on the screen whole, one row each
+        heights: list[dict[str, float]] = await rows.evaluate_all(
+            "rows => rows.map(r => r.getBoundingClientRect().toJSON())"
+        )
+        on_screen = [box for box in heights if box["bottom"] <= 1000]
+        assert len(on_screen) >= 20, [round(box["height"]) for box in heights[:5]]
+
+        # When she chooses 200 a page in the filter form
+        await page.get_by_label("Per page").select_option("200")
+        await page.get_by_role("button", name="Filter", exact=True).click()
+
+        # Then the page shows 200, and its next page keeps the size
+        await page.wait_for_url(re.compile(r"limit=200"))
+        await expect(page.locator("p.count")).to_have_text(
+            "Showing 1–200 of 210 open requests matching the filters"
+        )
+        await expect(rows).to_have_count(200)
+        assert await rows.evaluate_all("rows => rows.map(r => r.dataset.requestId)") == ids[:200]
+        await page.get_by_role("link", name="Next page »").click()
+        await expect(page.locator("p.count")).to_have_text(
+            "Showing 201–210 of 210 open requests matching the filters"
+        )
+        await expect(page.get_by_label("Per page")).to_have_value("200")

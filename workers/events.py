@@ -1,0 +1,147 @@
+"""Task events for Flower: on from a worker's start while a Flower watches its broker.
+
+Flower turns task events on in running workers with an `enable_events`
+broadcast every 5 s, so a worker that started meanwhile ran its first turns
+unseen. `relayq flower` therefore keeps a mark on the broker while it runs
+(`{prefix}flower`, expiring 30 s after its last renewal), and a worker that
+finds it at start sends task events from the first turn on, as
+`RELAYQ_TASK_EVENTS=1` makes it do always. A worker sending task events
+also sends `task-sent` for the messages it publishes (the next turn, a
+retry), so Flower lists a turn from when it was queued; Flower's broadcast
+turns both on, and its `disable_events` both off.
+
+A turn that fails says how long it ran (`TimedRequest`), as one that
+succeeds does: Celery's `task-failed` event carries no runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery, Task
+from celery.worker import control
+from celery.worker.request import Request
+
+from tasks.broker import redis_url
+from tasks.settings import Settings
+
+__all__ = [
+    "MARK_TTL",
+    "TimedRequest",
+    "TimedTask",
+    "events_from_start",
+    "flower_watching",
+    "keep_watch_mark",
+]
+
+log = logging.getLogger(__name__)
+
+MARK_TTL = 30
+"""Seconds the mark outlives its last renewal (a Flower that died stops renewing it)."""
+_RENEW_EVERY = 10.0
+
+
+def _mark(settings: Settings) -> str:
+    return f"{settings.key_prefix}flower"
+
+
+def _client(settings: Settings) -> redis.Redis | None:
+    url = redis_url(settings)
+    if url is None:
+        return None
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
+def flower_watching(settings: Settings) -> bool:
+    """Whether a `relayq flower` watches this broker and key prefix (False if it cannot say)."""
+    client = _client(settings)
+    if client is None:
+        return False
+    try:
+        return bool(client.exists(_mark(settings)))
+    except redis.RedisError:
+        return False  # a worker starts all the same; Flower's broadcast turns events on
+    finally:
+        client.close()
+
+
+def keep_watch_mark(settings: Settings, app: Celery) -> threading.Thread | None:
+    """In Flower's process: put the mark up (before Flower serves) and renew it until the
+    process ends; and tell the workers already running to send task events at once, as
+    Flower does only 5 s after it starts."""
+    client = _client(settings)
+    if client is None:
+        return None
+    me = f"{socket.gethostname()}:{os.getpid()}"
+
+    def put() -> None:
+        try:
+            client.set(_mark(settings), me, ex=MARK_TTL)
+        except redis.RedisError as exc:  # the broker may be away; Flower waits for it too
+            log.warning("could not mark the broker as watched: %s", type(exc).__name__)
+
+    def renew() -> None:
+        try:
+            app.control.enable_events()
+        except Exception as exc:  # Flower's own broadcast comes 5 s later
+            log.warning("could not turn the workers' task events on: %s", type(exc).__name__)
+        while True:
+            time.sleep(_RENEW_EVERY)
+            put()
+
+    put()
+    thread = threading.Thread(target=renew, name="relayq-flower-mark", daemon=True)
+    thread.start()
+    return thread
+
+
+def events_from_start(app: Celery, settings: Settings) -> None:
+    """Before the worker reads its settings (`celeryd_init`): task events, and `task-sent`
+    events, from the start when a Flower watches."""
+    if not settings.task_events and flower_watching(settings):
+        app.conf.update(worker_send_task_events=True, task_send_sent_event=True)
+
+
+@control.control_command(name="enable_events")
+def _enable_events(state: Any) -> Any:
+    """Tell worker(s) to send task-related events."""
+    # Celery's own command (Flower's broadcast), with `task-sent` events along: a
+    # command registered under a taken name replaces the first one.
+    state.app.conf.task_send_sent_event = True
+    return control.enable_events(state)
+
+
+@control.control_command(name="disable_events")
+def _disable_events(state: Any) -> Any:
+    """Tell worker(s) to stop sending task-related events."""
+    state.app.conf.task_send_sent_event = False
+    return control.disable_events(state)
+
+
+class TimedRequest(Request):
+    """Celery's task request, whose `task-failed` event says how long the task ran.
+
+    Celery internal: the pool's result callback knows the runtime, but hands a
+    failure on without it (`Request.on_failure`); Flower shows the runtime of
+    `task-succeeded` only. A failure's runtime is counted here from when the
+    pool accepted the task (`time_start`, on every pool).
+    """
+
+    __slots__ = ()
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        if type == "task-failed" and "runtime" not in fields and self.time_start:
+            fields["runtime"] = max(time.time() - self.time_start, 0.0)
+        super().send_event(type, **fields)
+
+
+class TimedTask(Task):
+    """The base of the worker app's tasks: their requests are `TimedRequest`s."""
+
+    Request = "workers.events:TimedRequest"
