@@ -56,8 +56,8 @@ from tasks.limiter import add_hooks
 
 if TYPE_CHECKING:
     from store.turns import Claim
+    from tasks.deliveries import Outcome, TaskRef
     from tasks.runtime import Runtime
-    from tasks.turns import Outcome, TaskRef
 
 __all__ = [
     "CostFunction",

@@ -78,7 +78,12 @@ from store.outbox import (
     TURN_TASK,
     WAKE_TASK,
 )
-from tasks.webhooks import DEFAULT_PUBLIC_URL, Endpoint, parse_public_url, parse_webhooks
+from tasks.webhook_endpoints import (
+    DEFAULT_PUBLIC_URL,
+    Endpoint,
+    parse_public_url,
+    parse_webhooks,
+)
 
 __all__ = [
     "CONF_PREFIX",

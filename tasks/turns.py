@@ -16,7 +16,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from celery import Task, shared_task
@@ -53,13 +52,20 @@ from store.budgets import Gate, budget_gate
 from store.ledger import LedgerEntry, ledger_put_all
 from store.outbox import TURN_TASK
 from tasks.circuit import circuit_for, since_text
+from tasks.deliveries import Outcome, TaskRef
 from tasks.failures import failure_report
 from tasks.limiter import limited_model
 from tasks.metrics import cost_of, observed_model, observed_turn
 from tasks.runtime import Runtime
 from tasks.settings import MAX_COUNTDOWN, Settings
 
-__all__ = ["Outcome", "TaskRef", "TurnFailed", "drive_turn", "run_turn"]
+__all__ = [
+    "Outcome",
+    "TaskRef",
+    "TurnFailed",
+    "drive_turn",
+    "run_turn",
+]  # the first two: tasks.deliveries
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +114,6 @@ def _progress(task: TaskRef | None, claim: Claim, phase: str) -> None:
         )
     except Exception as exc:  # monitoring must never fail a turn
         log.debug("could not send a progress event: %s", type(exc).__name__)
-
-
-@dataclass(frozen=True)
-class TaskRef:
-    """The Celery task and the request it serves, kept past the task body's return."""
-
-    task: Task
-    request: Any
-
-    @property
-    def id(self) -> str:
-        return str(self.request.id)
 
 
 class StoreJournal(Journal):
@@ -280,20 +274,6 @@ def _time_limit(settings: Settings, agent: Agent) -> float:
     """
     soft = settings.turn_time_limit
     return min(settings.time_limit_of(agent), soft - min(5.0, soft / 4))
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one delivery of a turn did: a few words for Flower, and, when the turn
-    gave its run back to be tried again, the backoff it was re-sent with."""
-
-    summary: str
-    retry_in: float | None = None
-    turn: Turn | None = None
-    """The turn taken, when this delivery took one to its end."""
-
-    def __str__(self) -> str:
-        return self.summary
 
 
 async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> Outcome:

@@ -1,0 +1,41 @@
+"""One delivery of a turn's task: the task it came in (`TaskRef`) and what it did
+(`Outcome`). Apart from `tasks.turns`, so that what watches a delivery (`tasks.metrics`,
+`tasks.tracing`) needs nothing of the turn's driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery import Task
+
+    from relayq.loop import Turn
+
+__all__ = ["Outcome", "TaskRef"]
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """The Celery task and the request it serves, kept past the task body's return."""
+
+    task: Task
+    request: Any
+
+    @property
+    def id(self) -> str:
+        return str(self.request.id)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one delivery of a turn did: a few words for Flower, and, when the turn
+    gave its run back to be tried again, the backoff it was re-sent with."""
+
+    summary: str
+    retry_in: float | None = None
+    turn: Turn | None = None
+    """The turn taken, when this delivery took one to its end."""
+
+    def __str__(self) -> str:
+        return self.summary
