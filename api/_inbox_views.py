@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq.approvals import arguments_of, diff_arguments, is_approval
 from relayq.relay import relay_calls_of
 from store import StoredRequest

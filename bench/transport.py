@@ -38,7 +38,7 @@ import certifi
 import httpx
 
 # The dialect's own encoder and decoder: both transports do the same work around the call.
-from relayq.providers import ProviderConfig, ProviderModel, _openai
+from relayq.providers import ProviderConfig, ProviderModel, openai_wire
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-bench-0000000000000000"
@@ -76,7 +76,7 @@ class OldTransport:
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
-        self.url = _openai.path(config.base_url)
+        self.url = openai_wire.path(config.base_url)
         count = max(1, -(-config.max_connections // self.shard_size))
         per_shard = -(-config.max_connections // count)
         limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
@@ -88,15 +88,15 @@ class OldTransport:
         self.turn = 0
 
     async def call(self) -> None:
-        body = _openai.encode(model=self.config.model, messages=MESSAGES, tools=[])
-        headers = {**self.config.headers, **_openai.headers(self.config.resolve_key(KEY))}
+        body = openai_wire.encode(model=self.config.model, messages=MESSAGES, tools=[])
+        headers = {**self.config.headers, **openai_wire.headers(self.config.resolve_key(KEY))}
         self.turn = (self.turn + 1) % len(self.shards)
         response = await self.shards[self.turn].post(
             self.url, json=body, headers=headers, timeout=self.config.timeout
         )
         if response.status_code >= 400:
             raise RuntimeError(f"the model server answered {response.status_code}")
-        _openai.decode(response.json())
+        openai_wire.decode(response.json())
 
     async def aclose(self) -> None:
         for client in self.shards:

@@ -35,7 +35,7 @@ from cli._common import (
 )
 from cli.approvals import os_user
 from cli.render import plural
-from relayq._types import new_id
+from relayq import new_id
 from relayq.limits import (
     MAX_ANSWER_BYTES_ENV,
     InputTooLarge,

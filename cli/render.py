@@ -24,7 +24,7 @@ __all__ = [
     "status_style",
 ]
 
-NOTE = "relayq"  # relayq's own notes on a transcript message (see relayq._transcript)
+NOTE = "relayq"  # relayq's own notes on a transcript message (see relayq.transcript)
 CLIP = 240
 
 _STATUS_STYLES = {

@@ -24,7 +24,6 @@ from relayq._errors import (
     UnstorableAnswer,
     UnstorableInput,
 )
-from relayq._model import InProcessRequest, InProcessResponse, InProcessToolCall
 from relayq._toolkit import Toolkit, create_toolkit
 from relayq._tools import Tool, ToolContext, define_tool, tool
 from relayq._types import (
@@ -34,12 +33,14 @@ from relayq._types import (
     ToolCallRecord,
     ToolResult,
     Usage,
+    new_id,
     pending,
 )
 from relayq.agents import Agent, AgentError, UnknownAgent
 from relayq.budgets import Budget
 from relayq.builtins import BUILTIN_NAMES, BuiltinsConfig
 from relayq.client import InMemoryConversationStore, create_in_process_client
+from relayq.model import InProcessRequest, InProcessResponse, InProcessToolCall
 
 __all__ = [
     # Tools and toolkits
@@ -58,6 +59,7 @@ __all__ = [
     "ToolCallRecord",
     "ToolResult",
     "Usage",
+    "new_id",
     "pending",
     # Running
     "Agent",

@@ -27,12 +27,12 @@ from types import FrameType
 from typing import Literal
 
 from relayq._errors import RelayqError
-from relayq._model import Generate, Model, as_model
 from relayq._toolkit import Toolkit, create_toolkit
 from relayq._tools import Tool
 from relayq._types import Usage
 from relayq.budgets import Budget
 from relayq.builtins import BuiltinsConfig
+from relayq.model import Generate, Model, as_model
 from relayq.providers import ProviderConfig, ProviderModel
 
 __all__ = [

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeAlias
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq._errors import AnswerMismatch
 from relayq._types import Answer, Request, Usage, WireModel
 from relayq.approvals import BUDGET_KIND, Policy, decision_of

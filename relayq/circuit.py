@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from relayq._errors import ModelError
-from relayq._model import InProcessRequest, InProcessResponse, Model
-from relayq._retry import MAX_DELAY
+from relayq.model import InProcessRequest, InProcessResponse, Model
 from relayq.ratelimit import ProviderLimits
+from relayq.retry import MAX_DELAY
 
 __all__ = [
     # what opens a circuit

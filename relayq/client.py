@@ -12,9 +12,12 @@ from __future__ import annotations
 import copy
 from typing import Any, Protocol
 
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq._errors import ResumeError
-from relayq._model import (
+from relayq._toolkit import Toolkit
+from relayq._types import Answer, Request, RunResult, new_id
+from relayq.loop import Cancel, Turn, WaitFor, apply_answer, take_turn
+from relayq.model import (
     Generate,
     InProcessRequest,
     InProcessResponse,
@@ -22,9 +25,6 @@ from relayq._model import (
     Model,
     as_model,
 )
-from relayq._toolkit import Toolkit
-from relayq._types import Answer, Request, RunResult, new_id
-from relayq.loop import Cancel, Turn, WaitFor, apply_answer, take_turn
 
 __all__ = [
     "ConversationStore",

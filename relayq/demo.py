@@ -28,10 +28,10 @@ import os
 import re
 from typing import Any
 
-from relayq._model import Generate, InProcessRequest, InProcessResponse, InProcessToolCall
 from relayq._tools import ToolContext, define_tool
 from relayq.agents import Agent
 from relayq.approvals import requires_approval
+from relayq.model import Generate, InProcessRequest, InProcessResponse, InProcessToolCall
 from relayq.providers import ProviderConfig
 from relayq.relay import relay_tool
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeAlias
 
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq._errors import (
     AnswerMismatch,
     RequestClosed,
@@ -28,11 +28,11 @@ from relayq._errors import (
     RunCancelled,
     UnknownRequest,
 )
-from relayq._model import InProcessRequest, InProcessToolCall, Model
 from relayq._toolkit import Toolkit
 from relayq._tools import Tool, ToolContext
 from relayq._types import Answer, Request, ToolResult
 from relayq.approvals import decision_of, is_approval
+from relayq.model import InProcessRequest, InProcessToolCall, Model
 from relayq.relay import (
     RelayCall,
     declined_result,

@@ -35,8 +35,8 @@ from typing import Literal, TypedDict
 from urllib.parse import urlsplit
 
 from relayq._errors import ModelError, RelayqError
-from relayq._model import InProcessRequest, InProcessResponse, Model
 from relayq._types import Usage
+from relayq.model import InProcessRequest, InProcessResponse, Model
 from relayq.providers import ProviderConfig
 
 __all__ = [

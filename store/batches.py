@@ -25,8 +25,7 @@ from sqlalchemy import and_, func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from relayq import RelayqError
-from relayq._types import new_id
+from relayq import RelayqError, new_id
 from relayq.limits import check_run_input
 from store.batch_queues import batch_queue_name
 from store.db import Database

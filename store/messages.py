@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlmodel import Session
 
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from store import statements as sql
 from store.models import MessageRow, RunRow, utcnow
 

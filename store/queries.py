@@ -14,7 +14,7 @@ from sqlalchemy import select as sa_select
 from sqlmodel import col, func, select
 
 from relayq import RunResult
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from store.db import Database
 from store.errors import UnknownRun
 from store.messages import conversation

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from relayq import ConversationBusy, ResumeError
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq.limits import check_run_input
 from store import statements as sql
 from store.db import Database

@@ -17,7 +17,7 @@ from typing import Any
 from sqlmodel import Session, select
 
 from relayq import Usage
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq.loop import Turn
 from store import statements as sql
 from store.db import Database

@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 from celery import Celery
 from pydantic import ValidationError
 
-from relayq import Answer, AnswerMismatch, BulkRefused, Request, RunResult
-from relayq._types import new_id
+from relayq import Answer, AnswerMismatch, BulkRefused, Request, RunResult, new_id
 from relayq.agents import Agent, load_agents, registered_agents
 from relayq.approvals import approve, decline, is_approval
 from relayq.budgets import Budget

@@ -49,9 +49,9 @@ import redis
 import redis.asyncio as aioredis
 
 from relayq import Usage
-from relayq._model import Model
 from relayq.agents import Agent
 from relayq.circuit import CircuitModel
+from relayq.model import Model
 from relayq.ratelimit import (
     LimitCounters,
     LimitedModel,

@@ -45,9 +45,9 @@ from urllib.parse import urlsplit
 from prometheus_client import Counter, Histogram
 
 from relayq import InProcessRequest, InProcessResponse, ModelError, Usage
-from relayq._model import Model
 from relayq.agents import Agent
 from relayq.circuit import CircuitChange, CircuitHooks, ProviderDown
+from relayq.model import Model
 from relayq.providers import ProviderConfig
 from relayq.ratelimit import LimiterHooks, LimitWait, Throttled
 from tasks import tracing

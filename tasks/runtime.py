@@ -33,8 +33,8 @@ from typing import Any, ParamSpec, TypeVar
 from celery import Celery, current_app
 from greenlet import getcurrent  # type: ignore[import-untyped]
 
-from relayq._retry import backoff
 from relayq.agents import Agent, UnknownAgent, load_agents, registered_agents
+from relayq.retry import backoff
 from store import (
     Database,
     OutboxRow,

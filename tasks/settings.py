@@ -64,8 +64,8 @@ from typing import Any, TypeVar
 from kombu import Exchange, Queue
 
 from relayq import limits
-from relayq._retry import MAX_DELAY
 from relayq.agents import DEFAULT_QUEUE, Agent, AgentError
+from relayq.retry import MAX_DELAY
 from store import Recovery
 from store.batch_queues import BATCH_MARK, is_batch_queue
 from store.outbox import (

@@ -23,14 +23,14 @@ from celery.exceptions import Retry
 from celery.signals import worker_ready
 
 from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult, Usage
-from relayq import _transcript as tx
-from relayq._retry import backoff
+from relayq import transcript as tx
 from relayq.agents import Agent, AgentError
 from relayq.budgets import Budget, Spent, next_call, overrun
 from relayq.circuit import ProviderDown, outage_countdown
 from relayq.loop import Journal, Turn, take_turn
 from relayq.ratelimit import Throttled
 from relayq.relay import relay_calls_of
+from relayq.retry import backoff
 from store import (
     Charge,
     Claim,

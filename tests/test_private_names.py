@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +20,7 @@ def _private_imports(path: Path) -> list[str]:
         if top not in PACKAGES or node.module == path_module(path):
             continue
         for alias in node.names:
-            # A leading-underscore module (relayq._transcript) is the package's own
+            # A leading-underscore module (relayq.transcript) is the package's own
             # shared internals; a leading-underscore *name* is one module's alone.
             if alias.name.startswith("_") and not _is_module(node.module, alias.name):
                 found.append(f"{path.relative_to(ROOT)}: from {node.module} import {alias.name}")
@@ -35,11 +36,37 @@ def _is_module(package: str, name: str) -> bool:
     return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
 
 
-def test_no_package_module_imports_a_private_name_of_another():
-    offenders = [
+def _offenders(check: Callable[[Path], list[str]]) -> list[str]:
+    return [
         line
         for package in PACKAGES
         for path in sorted((ROOT / package).rglob("*.py"))
-        for line in _private_imports(path)
+        for line in check(path)
     ]
-    assert offenders == []
+
+
+def test_no_package_module_imports_a_private_name_of_another():
+    assert _offenders(_private_imports) == []
+
+
+def _private_modules_of_others(path: Path) -> list[str]:
+    """`from relayq._transcript import ...` or `from relayq import _transcript` in a module
+    outside relayq: another package's underscore module, its to change freely."""
+    own = path.relative_to(ROOT).parts[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level or node.module is None:
+            continue
+        parts = node.module.split(".")
+        if parts[0] not in PACKAGES or parts[0] == own:
+            continue
+        modules = [*parts[1:], *(a.name for a in node.names if _is_module(node.module, a.name))]
+        private = [m for m in modules if m.startswith("_") and not m.startswith("__")]
+        if private:
+            found.append(f"{path.relative_to(ROOT)}: from {node.module} ({private[0]})")
+    return found
+
+
+def test_no_package_imports_another_packages_private_module():
+    assert _offenders(_private_modules_of_others) == []

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from relayq._errors import ModelError
-from relayq._model import InProcessRequest, InProcessResponse
-from relayq._retry import backoff
 from relayq.limits import ERROR_TEXT_LIMIT, redact_secrets, safe_text, without_echoes
-from relayq.providers import _anthropic, _openai
+from relayq.model import InProcessRequest, InProcessResponse
+from relayq.providers import anthropic_wire, openai_wire
 from relayq.providers._config import ProviderConfig
 from relayq.providers._fragments import dumps
 from relayq.providers._wire import Reply, ToolChoice
+from relayq.retry import backoff
 
 if TYPE_CHECKING:
     from relayq.providers._http import Answer
@@ -127,7 +127,7 @@ class ProviderModel:
         self.config = config
         self.retries = config.retries if retries is None else retries
         self._api_key = api_key
-        self._dialect = _anthropic if config.style == "anthropic" else _openai
+        self._dialect = anthropic_wire if config.style == "anthropic" else openai_wire
         self._url = self._dialect.path(config.base_url)
         self._where = f"{config.style} endpoint {urlsplit(self._url).netloc}"
         # aiohttp is imported by the first model built, not by every process that merely
@@ -139,7 +139,7 @@ class ProviderModel:
             self._url, max_connections=config.max_connections, timeout=config.timeout
         )
         # The JSON of messages sent before, so a turn encodes only its new ones.
-        self._fragments = _openai.fragments() if self._dialect is _openai else None
+        self._fragments = openai_wire.fragments() if self._dialect is openai_wire else None
 
     def __repr__(self) -> str:
         return (
@@ -173,7 +173,7 @@ class ProviderModel:
             "max_tokens": max_tokens or self.config.max_tokens,
         }
         if self._fragments is not None:
-            data = _openai.encode_json(self._fragments, **shape)
+            data = openai_wire.encode_json(self._fragments, **shape)
         else:
             data = dumps(self._dialect.encode(**shape))
         attempt = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from relayq._model import InProcessResponse
+from relayq.model import InProcessResponse
 
 __all__ = ["FinishReason", "Reply", "ToolChoice", "named_tool"]
 

@@ -19,8 +19,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from cli.main import app
-from relayq import RunResult
-from relayq._types import new_id
+from relayq import RunResult, new_id
 from store import (
     Database,
     RequestQuery,

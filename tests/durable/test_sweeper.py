@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from relayq._types import new_id
+from relayq import new_id
 from store import (
     Database,
     Recovery,

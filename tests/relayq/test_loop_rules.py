@@ -23,9 +23,9 @@ from relayq import (
     define_tool,
     pending,
 )
-from relayq import _transcript as tx
-from relayq._model import as_model
+from relayq import transcript as tx
 from relayq.loop import Journal, take_turn
+from relayq.model import as_model
 from relayq.relay import (
     RelayResult,
     answer_declined,

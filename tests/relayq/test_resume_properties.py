@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relayq import Request
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq.loop import apply_answer
 from relayq.relay import RelayCall, RelayResult, relay_answer, relay_request
 

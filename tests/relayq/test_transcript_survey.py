@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relayq import ResumeError
-from relayq import _transcript as tx
+from relayq import transcript as tx
 
 ROLES = st.sampled_from(["system", "user", "assistant", "tool", "robot", None])
 MESSAGES = st.lists(

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from relayq import BuiltinsConfig, Request, ToolContext, ToolResult, create_toolkit, define_tool
-from relayq import _transcript as tx
-from relayq._model import as_model
+from relayq import transcript as tx
 from relayq.approvals import approve, requires_approval
 from relayq.loop import Journal, apply_answer, take_turn
+from relayq.model import as_model
 
 from .scripted import Script, calls, echo_tool_outputs
 

@@ -27,9 +27,9 @@ from relayq import (
     create_toolkit,
     define_tool,
 )
-from relayq._model import Model, as_model
 from relayq.agents import Agent, OnExpiry
 from relayq.loop import Turn
+from relayq.model import Model, as_model
 from relayq.relay import relay_tool
 from store import (
     Claim,

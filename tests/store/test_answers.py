@@ -13,7 +13,7 @@ from sqlalchemy import delete, event
 from sqlmodel import col
 
 from relayq import Answer, ResumeError
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
 from store import (
     Database,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq.loop import Turn
 from store import (
     Claim,

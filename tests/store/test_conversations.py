@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayq import InProcessResponse, ResumeError, Usage
-from relayq._model import as_model
+from relayq.model import as_model
 from store import Database, claim_turn, create_run, get_run, run_result, transcript
 from tests.relayq.scripted import Script, calls, text
 

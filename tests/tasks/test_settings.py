@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from relayq._retry import backoff
+from relayq.retry import backoff
 from tasks import Settings
 from tasks.settings import MAX_COUNTDOWN
 

@@ -14,9 +14,7 @@ from typing import Any
 
 import pytest
 
-from relayq._errors import ToolkitError
-from relayq._tools import ToolContext
-from relayq._types import ToolResult
+from relayq import ToolContext, ToolkitError, ToolResult
 from relayq.builtins import BASH_ENV_NAMES, BuiltinsConfig, builtin_tools
 
 
@@ -344,7 +342,7 @@ REPO = Path(__file__).resolve().parents[3]
 WORKER = """
 import asyncio, sys
 from pathlib import Path
-from relayq._tools import ToolContext
+from relayq import ToolContext
 from relayq.builtins import BuiltinsConfig, builtin_tools
 
 async def main() -> None:

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 import relayq.builtins
-from relayq._tools import Tool, ToolContext
-from relayq._types import ToolResult
+from relayq import Tool, ToolContext, ToolResult
 from relayq.builtins import BUILTIN_NAMES, BuiltinsConfig, builtin_tools
 
 

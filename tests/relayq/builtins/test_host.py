@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from relayq._tools import ToolContext
-from relayq._types import Answer, Request, ToolResult
+from relayq import Answer, Request, ToolContext, ToolResult
 from relayq.builtins import BuiltinsConfig, builtin_tools
 
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from relayq._tools import ToolContext
-from relayq._types import ToolResult
+from relayq import ToolContext, ToolResult
 from relayq.builtins import BuiltinsConfig, builtin_tools
 
 

@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 
-from relayq._tools import ToolContext
-from relayq._types import ToolResult
+from relayq import ToolContext, ToolResult
 from relayq.builtins import BuiltinsConfig, builtin_tools
 
 SECRET = "the secret outside\n"

@@ -18,9 +18,7 @@ from typing import Any
 
 import pytest
 
-from relayq._errors import ToolkitError
-from relayq._tools import ToolContext
-from relayq._types import ToolResult
+from relayq import ToolContext, ToolkitError, ToolResult
 from relayq.builtins import BuiltinsConfig, builtin_tools
 from relayq.builtins._netguard import non_global_kind
 from tests.ports import free_port

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from relayq import Agent, InProcessRequest, ModelError
-from relayq import _transcript as tx
+from relayq import transcript as tx
 from relayq.client import InProcessClient
 from relayq.loop import take_turn
 from relayq.providers import ProviderConfig, ProviderModel

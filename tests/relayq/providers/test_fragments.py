@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relayq import _transcript as tx
-from relayq.providers import _openai
+from relayq import transcript as tx
+from relayq.providers import openai_wire
 from relayq.providers._fragments import Fragments, dumps
 
 TEXT = st.text(max_size=12)
@@ -53,14 +53,14 @@ SHAPE = st.fixed_dictionaries(
 
 
 def whole(messages: list[dict[str, Any]], shape: dict[str, Any]) -> str:
-    return dumps(_openai.encode(model="m", messages=messages, **shape))
+    return dumps(openai_wire.encode(model="m", messages=messages, **shape))
 
 
 @given(st.lists(st.lists(MESSAGE, max_size=6), min_size=1, max_size=5), SHAPE, st.data())
 def test_a_growing_conversation_encodes_as_if_whole_at_every_turn(
     turns: list[list[dict[str, Any]]], shape: dict[str, Any], data: Any
 ):
-    kept = _openai.fragments()
+    kept = openai_wire.fragments()
     transcript: list[dict[str, Any]] = []
     for new in turns:
         transcript.extend(new)
@@ -68,7 +68,7 @@ def test_a_growing_conversation_encodes_as_if_whole_at_every_turn(
             # A message replaced (a placeholder by its result) is a new message
             at = data.draw(st.integers(0, len(transcript) - 1))
             transcript[at] = data.draw(MESSAGE)
-        joined = _openai.encode_json(kept, model="m", messages=transcript, **shape)
+        joined = openai_wire.encode_json(kept, model="m", messages=transcript, **shape)
         assert joined == whole(transcript, shape)
         json.loads(joined)
 

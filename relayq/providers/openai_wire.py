@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayq._model import InProcessResponse, InProcessToolCall
 from relayq._types import Usage
+from relayq.model import InProcessResponse, InProcessToolCall
 from relayq.providers._fragments import Fragments, dumps
 from relayq.providers._wire import FinishReason, Reply, ToolChoice, named_tool
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from relayq import _transcript as tx
-from relayq._model import InProcessResponse, InProcessToolCall
+from relayq import transcript as tx
 from relayq._types import Usage
+from relayq.model import InProcessResponse, InProcessToolCall
 from relayq.providers._wire import FinishReason, Reply, ToolChoice, named_tool
 
 __all__ = ["DEFAULT_MAX_TOKENS", "VERSION", "decode", "encode", "path"]
