@@ -36,7 +36,7 @@ model wrapper (`observed_model`): count only those the limiter keeps from it.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from store.turns import Claim
     from tasks.deliveries import Outcome, TaskRef
     from tasks.runtime import Runtime
+
+from relayq.pricing import CostFunction, cost_of, provider_prices, set_cost_function
 
 __all__ = [
     "CostFunction",
@@ -122,32 +124,6 @@ CIRCUIT_CHANGES = Counter(
     "Provider circuit changes this process saw: open, half_open (it probed), closed",
     ["provider", "model", "state"],
 )
-
-CostFunction = Callable[[Agent, Usage], float | None]
-"""What a model call cost, from its agent (its `ProviderConfig`, prices and all) and the
-usage the provider reported; None when the price is not known."""
-
-
-def provider_prices(agent: Agent, usage: Usage) -> float | None:
-    """The default cost function: the agent's provider's prices (`ProviderConfig.prices`)."""
-    return agent.cost_of(usage)
-
-
-_cost: CostFunction | None = provider_prices
-
-
-def set_cost_function(fn: CostFunction | None) -> None:
-    """Count costs with `fn` in place of the provider's prices (`ProviderConfig.prices`);
-    None: no cost. Budgets (`relayq.budgets`) and `relayq_model_cost_total` both use it.
-    Until a function gives a price, the metric has no series at all, rather than a cost of 0.
-    """
-    global _cost
-    _cost = fn
-
-
-def cost_of(agent: Agent, usage: Usage) -> float | None:
-    """What `usage` of `agent`'s model cost, by the cost function; None when unknown."""
-    return _cost(agent, usage) if _cost is not None else None
 
 
 def provider_label(config: ProviderConfig | None) -> str:

@@ -28,6 +28,7 @@ from relayq.agents import Agent, AgentError
 from relayq.budgets import Budget, Spent, next_call, overrun
 from relayq.circuit import ProviderDown, outage_countdown
 from relayq.loop import Journal, Turn, take_turn
+from relayq.pricing import cost_of
 from relayq.ratelimit import Throttled
 from relayq.relay import relay_calls_of
 from relayq.retry import backoff
@@ -55,7 +56,7 @@ from tasks.circuit import circuit_for, since_text
 from tasks.deliveries import Outcome, TaskRef
 from tasks.failures import failure_report
 from tasks.limiter import limited_model
-from tasks.metrics import cost_of, observed_model, observed_turn
+from tasks.metrics import observed_model, observed_turn
 from tasks.runtime import Runtime
 from tasks.settings import MAX_COUNTDOWN, Settings
 

@@ -31,13 +31,14 @@ from relayq import (
     RunResult,
     Usage,
     define_tool,
+    pricing,
 )
 from relayq.approvals import approve, decline, edit
 from relayq.budgets import BUDGET_KIND
 from store import Database
 from store.audit import Decider
 from store.models import BatchRow, OutboxRow, RunRow
-from tasks import DurableClient, Settings, metrics
+from tasks import DurableClient, Settings
 from tests.durable.test_eager import NO_BROKER
 from tests.provider_server import API_KEY, ProviderServer, Reply, openai_calls, openai_text
 
@@ -112,11 +113,11 @@ async def eager(eager_settings: Settings) -> AsyncIterator[DurableClient]:
 @pytest.fixture
 def priced() -> Iterator[None]:
     """A cent per thousand prompt tokens, two per thousand completion tokens."""
-    metrics.set_cost_function(
+    pricing.set_cost_function(
         lambda agent, usage: (usage.prompt_tokens * 0.01 + usage.completion_tokens * 0.02) / 1000
     )
     yield
-    metrics.set_cost_function(metrics.provider_prices)
+    pricing.set_cost_function(pricing.provider_prices)
 
 
 def _run(db: Database, run_id: str) -> RunRow:

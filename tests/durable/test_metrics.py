@@ -24,7 +24,7 @@ from prometheus_client.samples import Sample
 
 import tests.durable.queue_agents  # noqa: F401  (an agent on a queue of its own: its depth shows)
 from api.app import create_app
-from relayq import Agent, Request
+from relayq import Agent, Request, pricing
 from relayq.providers import ProviderModel
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import Database, RequestRow, RunRow, migrate
@@ -344,7 +344,7 @@ async def eager(
     client = DurableClient(eager=True, settings=settings)
     yield client
     client.close()
-    metrics.set_cost_function(metrics.provider_prices)
+    pricing.set_cost_function(pricing.provider_prices)
 
 
 async def test_an_eager_host_counts_its_turns_and_prices_them_once_a_cost_function_is_set(
@@ -358,7 +358,7 @@ async def test_an_eager_host_counts_its_turns_and_prices_them_once_a_cost_functi
     turns = sample("relayq_turn_duration_seconds_count", agent="metered", outcome="pending")
 
     # Given prices: a cent per thousand prompt tokens, two per thousand completion tokens
-    metrics.set_cost_function(
+    pricing.set_cost_function(
         lambda agent, usage: (usage.prompt_tokens * 0.01 + usage.completion_tokens * 0.02) / 1000
     )
     # When an eager run halts on its request, then ends
