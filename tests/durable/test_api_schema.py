@@ -10,7 +10,6 @@ are reached too, not only their 404s.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from schemathesis.specs.openapi.checks import (
 
 from api._auth import ROLES
 from api.app import create_app
+from tests.waiting import until
 
 from .conftest import Durable
 from .test_api import TOKEN_OF_ROLE, TOKENS, ApiServer, serve_in_thread
@@ -70,10 +70,10 @@ def held(api: ApiServer) -> Held:
             "/api/batches", json={"agent": "recall", "jobs": [{"id": "j1", "prompt": "hi"}]}
         )
         assert batch.status_code == 201, batch.text
-        deadline = time.monotonic() + 30
-        while not (found := http.get("/api/requests", params={"run_id": run_id}).json()["items"]):
-            assert time.monotonic() < deadline, f"run {run_id} opened no request"
-            time.sleep(0.02)
+        found = until(
+            lambda: http.get("/api/requests", params={"run_id": run_id}).json()["items"],
+            what=f"a request of run {run_id}",
+        )
     return Held(run_id=run_id, request_id=found[0]["request"]["id"], batch_id=batch.json()["id"])
 
 

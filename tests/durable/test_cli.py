@@ -38,6 +38,7 @@ from tests import forkserver
 from tests.processes import stop_group
 from tests.store.driver import halt_on_relay
 from tests.store.test_request_queries import listing_rows, seeded_requests
+from tests.waiting import until
 
 from .conftest import ROOT, Broker, Durable, unique_name
 from .desk import crowd, new_tag, start_refunds
@@ -85,15 +86,13 @@ def request_id_in(output: str) -> str:
 def settle(durable: Durable, run_id: str, status: str, timeout: float = 30.0) -> RunResult:
     """Poll the store until the run reaches `status`."""
     db = durable.db()
+
+    def there() -> RunResult | None:
+        res = run_result(db, run_id)
+        return res if res.status == status else None
+
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            res = run_result(db, run_id)
-            if res.status == status:
-                return res
-            if time.monotonic() > deadline:
-                pytest.fail(f"run {run_id} is {res.status}, not {status}, after {timeout:g} s")
-            time.sleep(0.05)
+        return until(there, what=f"run {run_id} to be {status}", timeout=timeout)
     finally:
         db.dispose()
 
@@ -101,17 +100,16 @@ def settle(durable: Durable, run_id: str, status: str, timeout: float = 30.0) ->
 def store_snapshot(durable: Durable) -> tuple[list[Any], list[StoredRequest]]:
     """Every run's id and status, and every request: what a refused command must not change.
 
-    Taken once no run is queued or running (within 30 s): an earlier test's runs that the
-    lane's worker is still taking would change it on their own."""
+    Taken once no run is queued or running (within 30 s, else the test fails): an
+    earlier test's runs that the lane's worker is still taking would change it."""
     db = durable.db()
+
+    def still() -> list[Any] | None:
+        listed = list_runs(db, limit=1_000_000)
+        return None if any(r.status in ("queued", "running") for r in listed) else listed
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            listed = list_runs(db, limit=1_000_000)
-            moving = any(r.status in ("queued", "running") for r in listed)
-            if not moving or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        listed = until(still, what="every run to stop moving")
         runs = [(r.id, r.status, r.version) for r in listed]
         return runs, list_requests(db, status=None, limit=1_000_000)
     finally:

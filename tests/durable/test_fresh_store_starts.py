@@ -19,7 +19,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import pytest
 
 from tests import forkserver
 from tests.ports import free_port
+from tests.waiting import until
 
 from .conftest import PG_ADMIN, ROOT, Broker
 
@@ -124,19 +124,23 @@ def start_together(home: Path, env: dict[str, str]) -> list[Started]:
 def wait_until_ready(started: list[Started], attempt: str) -> None:
     """Return once each process is ready; fail the moment one exits, or at the deadline."""
     waiting = list(started)
-    deadline = time.monotonic() + READY_TIMEOUT
     # One client for every poll: making one costs more than the poll.
     with httpx.Client(timeout=2, trust_env=False) as http:
-        while waiting:
+
+        def all_ready() -> bool:
+            nonlocal waiting
             gone = [s.says() for s in started if s.proc.poll() is not None]
             if gone:
                 pytest.fail(f"{attempt}: a process exited:\n" + "\n".join(gone), pytrace=False)
             waiting = [s for s in waiting if not s.ready(http)]
-            if waiting and time.monotonic() > deadline:
-                late = "\n".join(s.says() for s in waiting)
-                pytest.fail(f"{attempt}: not ready in {READY_TIMEOUT:g} s:\n{late}", pytrace=False)
-            if waiting:
-                time.sleep(0.05)
+            return not waiting
+
+        until(
+            all_ready,
+            what=f"{attempt}: every process ready",
+            timeout=READY_TIMEOUT,
+            said=lambda: "\n".join(s.says() for s in waiting),
+        )
 
 
 def stop_all(started: list[Started]) -> None:
@@ -216,12 +220,14 @@ def test_processes_starting_on_a_new_sqlite_file_another_holds_wait_for_it_then_
 
         # and the two that open the store at start have opened it
         worker, api, _beat = started
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not (holds_open(worker, path) and holds_open(api, path)):
+
+        def opened() -> bool:
             gone = [s.says() for s in started if s.proc.poll() is not None]
-            if gone or time.monotonic() > deadline:
+            if gone:
                 pytest.fail("not waiting for the store:\n" + "\n".join(gone), pytrace=False)
-            time.sleep(0.01)
+            return holds_open(worker, path) and holds_open(api, path)
+
+        until(opened, what="the worker and the API to open the store", timeout=READY_TIMEOUT)
         holder.execute("ROLLBACK")
 
         # Then each waited for the lock, went on once it was free, and is up and ready
