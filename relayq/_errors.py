@@ -43,6 +43,7 @@
     │   └── StoreBusy            SQLite's lock was taken that instant; nothing was done
     ├── IllegalTransition    a run cannot make that status change (store.transitions)
     ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
+    ├── BadHook              not a RunHooks, or a hook name that does not load (tasks.hooks)
     ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.client)
     └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 from relayq._errors import RelayqError
 from relayq._toolkit import Toolkit, create_toolkit
@@ -99,6 +99,7 @@ class Agent:
         turn_time_limit: timedelta | None = None,
         queue: str = DEFAULT_QUEUE,
         budget: Budget | None = None,
+        hooks: Sequence[object] = (),
         register: bool = True,
     ) -> None:
         if max_turns < 1:
@@ -125,6 +126,9 @@ class Agent:
         `-Q` naming it."""
         self.budget = budget
         """What each run may spend unless it is given its own budget (`relayq.budgets`)."""
+        self.hooks: tuple[Any, ...] = tuple(hooks)
+        """Hooks (`tasks.hooks.RunHooks`) the events of this agent's durable runs also go
+        to, after the worker's own; a worker checks them at start."""
         self._site = _definition_site()
         self.provider: ProviderModel | None = None
         if isinstance(model, ProviderConfig):

@@ -30,6 +30,7 @@ from store.transitions import move
 
 __all__ = [
     "STATUSES",
+    "run_of_request",
     "RequestPage",
     "RequestQuery",
     "RequestSort",
@@ -216,6 +217,12 @@ def get_requests(db: Database, request_ids: Sequence[str]) -> dict[str, StoredRe
 
 # Ids per query: SQLite caps a statement's bound parameters.
 _CHUNK = 500
+
+
+def run_of_request(db: Database, request_id: str) -> str | None:
+    """The run a request belongs to; None for no such request."""
+    with db.read() as s:
+        return s.exec(select(RequestRow.run_id).where(RequestRow.id == request_id)).first()
 
 
 def get_request(db: Database, request_id: str) -> StoredRequest:

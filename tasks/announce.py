@@ -1,13 +1,13 @@
 """Announcing runs that may have settled, so hosts waiting on them wake at once.
 
-A worker's task commits a run's new state to the store, then returns; Celery's
-`task_postrun` signal then fires (on every pool: under the asyncio pool once
-the turn's coroutine has ended). Here that signal publishes the run's id on a
-Redis pub/sub channel named with the settings' key prefix, `<prefix>runs`; a
-waiting `DurableClient` (`tasks.waiting`) is subscribed there and reads the
-run's status from the store. An announcement carries ids only (space-separated
-in one message), never a prompt, a result or a secret: the store is the only
-source of truth, and whoever reads the channel learns only that a run moved.
+A worker's turn, answer or cancel commits a run's new state to the store; then
+its runtime's hooks hear of it (`tasks.hooks`), and `RunAnnouncer`, one of a
+worker's hooks, publishes the run's id on a Redis pub/sub channel named with
+the settings' key prefix, `<prefix>runs`; a waiting `DurableClient`
+(`tasks.waiting`) is subscribed there and reads the run's status from the store.
+An announcement carries ids only (space-separated in one message), never a
+prompt, a result or a secret: the store is the only source of truth, and
+whoever reads the channel learns only that a run moved.
 
 Announcing is best effort, and must not slow a task: one connection per
 process, reused; one short try (reconnecting once, for a connection the server
@@ -18,22 +18,18 @@ A lost announcement costs a waiter its fallback poll, never its result.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import redis
-from celery.signals import task_postrun
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from store import get_request
-from store.outbox import ANSWER_TASK, CANCEL_TASK, TURN_TASK
 from tasks.broker import redis_url
+from tasks.hooks import AnswerApplied, RunHooks, RunSettled
 from tasks.settings import Settings
 
-__all__ = ["Announcer", "channel_of", "decode", "encode", "runs_moved"]
+__all__ = ["Announcer", "RunAnnouncer", "channel_of", "decode", "encode"]
 
 log = logging.getLogger(__name__)
 
@@ -95,61 +91,24 @@ class Announcer:
             self._client.close()
 
 
-_announcers: dict[int, Announcer] = {}
-"""This process's announcer (by pid: a prefork child builds its own)."""
+class RunAnnouncer(RunHooks):
+    """A worker's hook: announces each run that settled (done, waiting on a request,
+    ended, cancelled) and the run of each answer applied, which may have ended it
+    (declining a budget does). A run whose next turn is queued, or that is sent
+    again, is not announced: waiters would only read a status they do not wait for."""
 
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._announcer: Announcer | None = None
 
-def _announcer(app: Any) -> Announcer:
-    found = _announcers.get(os.getpid())
-    if found is None:
-        _announcers.clear()
-        found = _announcers[os.getpid()] = Announcer(Settings.load(conf=app.conf))
-    return found
+    def _announce(self, run_ids: Sequence[str]) -> None:
+        if self._announcer is None:
+            self._announcer = Announcer(self.settings)
+        self._announcer.announce(run_ids)
 
+    def after_run_settled(self, event: RunSettled) -> None:
+        self._announce([event.run_id])
 
-def runs_moved(name: str, args: Sequence[Any], retval: Any, state: str | None) -> list[str]:
-    """The runs a finished turn or cancel task may have settled; none when it certainly
-    settled none.
-
-    A turn that queued its run's next turn (`next`, the turn's status) or was sent
-    again (a retry) leaves its run queued: announcing it would only wake waiters to
-    read a status they are not waiting for. (An answer task names a request, not a
-    run: see `_announce_after_task`. The sweeper's changes leave no waiter waiting:
-    a run it re-queues is announced by its turn.)
-    """
-    if not args or state == "RETRY":
-        return []
-    if name == TURN_TASK:
-        return [] if retval == "next" else [str(args[0])]
-    if name == CANCEL_TASK:
-        return [str(args[0])]
-    return []
-
-
-@task_postrun.connect
-def _announce_after_task(
-    sender: Any = None,
-    args: Sequence[Any] | None = None,
-    retval: Any = None,
-    state: str | None = None,
-    **_: Any,
-) -> None:
-    name = getattr(sender, "name", None)
-    if name not in (TURN_TASK, CANCEL_TASK, ANSWER_TASK) or not args:
-        return
-    try:
-        if name == ANSWER_TASK:
-            # Its request's run: declining a budget ends the run in this very task.
-            run_ids = [_run_of_request(sender.app, str(args[0]))]
-        else:
-            run_ids = runs_moved(name, args, retval, state)
-        if run_ids:
-            _announcer(sender.app).announce(run_ids)
-    except Exception as exc:  # announcing must never fail a task
-        log.debug("could not announce after %s: %s", name, type(exc).__name__)
-
-
-def _run_of_request(app: Any, request_id: str) -> str:
-    from tasks.runtime import Runtime  # the worker's runtime: the task just run built it
-
-    return get_request(Runtime.current(app).db, request_id).run_id
+    def after_answer_applied(self, event: AnswerApplied) -> None:
+        if event.run_id is not None:
+            self._announce([event.run_id])

@@ -58,15 +58,17 @@ from store import (
     settled,
     start_batch,
 )
+from store.answers import Accepted
 from store.audit import Decider
 from store.outbox import mark_published
 from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
-from tasks import tracing
 from tasks.broker import redis_url
+from tasks.hooks import Hooks, RequestDecided, Sending, hooks_named
 from tasks.publish import batches_changed, send, sender_app
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
+from tasks.tracing import Tracing
 from tasks.waiting import RunWaiter, WaitTimeout
 
 if TYPE_CHECKING:
@@ -170,6 +172,13 @@ class DurableClient:
         """Store calls run on the event loop (SQLite) while its lock is free."""
         self._threads: ThreadPoolExecutor | None = None
         self._store = StoreCalls(inline=self.inline_store, executor=self._client_threads)
+        self.hooks = (
+            self._inline.hooks
+            if self._inline is not None
+            else Hooks([Tracing(self.db, self._io), *hooks_named(self.settings.hooks)])
+        )
+        """What watches this host's sends and decisions (`tasks.hooks`): relayq's traces and
+        the hooks `RELAYQ_HOOKS` names; an eager client's runtime's, which see its turns too."""
 
     @property
     def app(self) -> Celery:
@@ -190,11 +199,21 @@ class DurableClient:
         (`tasks.storeio`)."""
         return await self._store(fn, *args, **kwargs)
 
+    async def _decided(
+        self, decisions: Iterable[tuple[Answer, Accepted]], *, since: int, via: str
+    ) -> None:
+        """Tell the hooks of each answer the store took (`RequestDecided`)."""
+        for reply, accepted in decisions:
+            event = RequestDecided(
+                reply.id, accepted.run_id, reply.ok, accepted.complete, via, since
+            )
+            await self.hooks.emit("after_request_decided", event)
+
     async def _publish(self, rows: Iterable[OutboxRow]) -> int:
         """Send the messages a change wrote; in eager mode, run them here and now. Returns
         how many went to the broker."""
         rows = list(rows)
-        await tracing.runs_published(self.db, rows)  # a new run's trace starts here
+        await self.hooks.emit("before_send", Sending(rows))  # a new run's trace starts here
         if self._inline is not None:
             await self._inline.publish(rows)
             return 0
@@ -548,7 +567,7 @@ class DurableClient:
         reply = _answer_of(answer)
         who = decider.name if decider is not None else answered_by
         check_answer(reply, answered_by=who, max_bytes=self.settings.max_answer_bytes)
-        since = tracing.now()
+        since = time.time_ns()
         accepted = await self._io(
             accept_answer,
             self.db,
@@ -559,7 +578,7 @@ class DurableClient:
             decision=decision,
         )
         via = decider.via if decider is not None else "python"
-        await tracing.decided(self.db, [(reply.id, reply.ok, accepted)], since=since, via=via)
+        await self._decided([(reply, accepted)], since=since, via=via)
         await self._publish(accepted.outbox)
         return accepted.run_id
 
@@ -581,12 +600,11 @@ class DurableClient:
         for reply in replies:
             check_answer(reply, answered_by=decider.name, max_bytes=self.settings.max_answer_bytes)
         seen = revisions or {}
-        since = tracing.now()
+        since = time.time_ns()
         accepted = await self._io(
             accept_many, self.db, [(r, seen.get(r.id)) for r in replies], decider=decider
         )
-        decisions = [(r.id, r.ok, a) for r, a in zip(replies, accepted, strict=True)]
-        await tracing.decided(self.db, decisions, since=since, via=decider.via)
+        await self._decided(zip(replies, accepted, strict=True), since=since, via=decider.via)
         await self._publish([row for a in accepted for row in a.outbox])
         return [a.run_id for a in accepted if a.complete]
 

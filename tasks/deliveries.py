@@ -7,10 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tasks.hooks import TurnOutcome
+
 if TYPE_CHECKING:
     from celery import Task
 
     from relayq.loop import Turn
+    from store import OutboxRow
 
 __all__ = ["Outcome", "TaskRef"]
 
@@ -29,13 +32,16 @@ class TaskRef:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one delivery of a turn did: a few words for Flower, and, when the turn
-    gave its run back to be tried again, the backoff it was re-sent with."""
+    """What one delivery of a turn did: how it ended, a few words for Flower, and, when
+    the turn gave its run back to be tried again, the backoff to re-send it after."""
 
+    kind: TurnOutcome
     summary: str
     retry_in: float | None = None
     turn: Turn | None = None
     """The turn taken, when this delivery took one to its end."""
+    resend: OutboxRow | None = None
+    """The turn's message to send again after `retry_in` (its outbox row, stored)."""
 
     def __str__(self) -> str:
         return self.summary

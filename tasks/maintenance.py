@@ -8,6 +8,7 @@ from store import StoreUnavailable
 from store import cancel_run as cancel_stored_run
 from store.outbox import CANCEL_TASK, SWEEP_TASK, resend_turns
 from tasks.circuit import WAKE_TASK
+from tasks.hooks import RunSettled
 from tasks.runtime import Runtime
 
 __all__ = ["cancel_run", "sweep", "wake_runs"]
@@ -28,7 +29,10 @@ async def _sweep(rt: Runtime) -> str:
 
 async def _cancel(rt: Runtime, run_id: str) -> str:
     # Until the store answers: a cancel asked for is not dropped with its message.
-    return await rt.patiently(cancel_stored_run, rt.db, run_id)
+    status = await rt.patiently(cancel_stored_run, rt.db, run_id)
+    if status == "cancelled":  # a running run is cancelled by its turn, which says so
+        await rt.hooks.emit("after_run_settled", RunSettled(run_id, None, status))
+    return status
 
 
 @shared_task(name=SWEEP_TASK, bind=True, acks_late=True)

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
@@ -47,12 +47,16 @@ from store.batch_queues import active_batch_queues
 from store.maintenance import SweepReport
 from store.outbox import ANSWER_QUEUE, TURN_QUEUE, mark_published, sent_at
 from store.workers import HOSTNAME
+from tasks.announce import RunAnnouncer
 from tasks.broker import QueuePeek
 from tasks.heartbeat import Heartbeat
+from tasks.hooks import Hooks, RunHooks, hooks_named
+from tasks.metrics import Metrics
 from tasks.outgoing import Outgoing
 from tasks.publish import send, sender_app
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
+from tasks.tracing import Tracing
 from tasks.transcripts import Transcripts
 from tasks.webhooks import WebhookSender
 
@@ -168,6 +172,7 @@ class Runtime:
         *,
         agents: Mapping[str, Agent] | None = None,
         db: Database | None = None,
+        hooks: Iterable[RunHooks] = (),
     ) -> None:
         self.settings = settings
         if db is None:
@@ -200,6 +205,16 @@ class Runtime:
             every=settings.heartbeat_every,
             timeout=settings.worker_timeout_seconds,
         )
+        self.hooks = Hooks(
+            [
+                Metrics(),
+                Tracing(self.db, self.io, self.patiently),
+                *hooks,
+                *hooks_named(settings.hooks),
+            ]
+        )
+        """What watches the runs' work (`tasks.hooks`): relayq's metrics and traces, the
+        caller's `hooks`, then those `RELAYQ_HOOKS` names."""
 
     @property
     def loop(self) -> LoopThread:
@@ -220,7 +235,14 @@ class Runtime:
         with cls._lock:
             if cls._current is None or cls._pid != os.getpid():
                 conf = (app or current_app).conf
-                cls._current = Runtime(Settings.load(conf=conf))
+                settings = Settings.load(conf=conf)
+                # The worker's own: announcing settled runs, and what its app's
+                # configuration names (Flower's progress events, `workers.config`).
+                worker_hooks = [
+                    RunAnnouncer(settings),
+                    *hooks_named(conf.get("relayq_worker_hooks", ())),
+                ]
+                cls._current = Runtime(settings, hooks=worker_hooks)
                 cls._pid = os.getpid()
             if app is not None:
                 cls._current.app = app

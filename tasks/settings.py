@@ -21,6 +21,7 @@ the deployment's. An empty value counts as unset.
 | `RELAYQ_BROKER_URL` | the embedded Redis on `$RELAYQ_HOME/redis.sock` | the Celery broker |
 | `RELAYQ_KEY_PREFIX` | `relayq:` | prefix of every broker key, so relayq can share a Redis |
 | `RELAYQ_AGENTS` | (none) | comma-separated modules that define the agents |
+| `RELAYQ_HOOKS` | (none) | comma-separated `module:Class` hooks of every run (`tasks.hooks`) |
 | `RELAYQ_TURN_TIME_LIMIT` | `600` | seconds one turn may take before it is stopped |
 | `RELAYQ_MODEL_RETRIES` | `5` | retries of a failing model call before the run fails |
 | `RELAYQ_CRASH_LIMIT` | `10` | worker deaths one turn survives before its run fails |
@@ -78,6 +79,7 @@ from store.outbox import (
     TURN_TASK,
     WAKE_TASK,
 )
+from tasks.hooks import RunHooks
 from tasks.webhook_endpoints import (
     DEFAULT_PUBLIC_URL,
     Endpoint,
@@ -206,6 +208,8 @@ class Settings:
     """True when no broker URL was configured: the embedded Redis serves."""
     key_prefix: str
     agents: str
+    hooks: tuple[str, ...] = ()
+    """`module:Class` names of the hooks a runtime registers after its own (`tasks.hooks`)."""
     turn_time_limit: float
     """Seconds a turn may take: Celery's soft time limit, and each agent's default."""
     model_retries: int
@@ -291,6 +295,7 @@ class Settings:
             embedded_broker=not broker,
             key_prefix=src.text("key_prefix", "relayq:"),
             agents=src.text("agents", ""),
+            hooks=tuple(n.strip() for n in src.text("hooks", "").split(",") if n.strip()),
             turn_time_limit=src.seconds("turn_time_limit", 600),
             model_retries=src.count("model_retries", 5),
             crash_limit=src.count("crash_limit", 10),
@@ -366,6 +371,12 @@ class Settings:
     def check_agent(self, agent: Agent) -> None:
         """AgentError if `agent`'s policy does not fit a worker with these settings."""
         self.time_limit_of(agent)
+        for hook in agent.hooks:
+            if not isinstance(hook, RunHooks):
+                raise AgentError(
+                    f"agent {agent.name!r}: hook {hook!r} is not a RunHooks (tasks.hooks)",
+                    agent.name,
+                )
         if is_batch_queue(agent.queue):
             # Its turns would be sent at a batch's low priority, and consumed as a batch's.
             raise AgentError(

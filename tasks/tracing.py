@@ -25,14 +25,12 @@ prompt, an answer, a tool's arguments or a key.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -40,18 +38,27 @@ from typing import TYPE_CHECKING, Any
 from celery.signals import before_task_publish
 from sqlalchemy import bindparam, select, update
 
-from store import Database, OutboxRow, RequestRow, RunRow
+from store import Database, RequestRow, RunRow
 from store.outbox import TURN_TASK
+from tasks.hooks import (
+    AnswerApplied,
+    AnswerApplying,
+    ModelCalled,
+    ModelCalling,
+    RequestDecided,
+    RunHooks,
+    Sending,
+    TurnEnded,
+    TurnStarted,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, Tracer, TracerProvider
+    from opentelemetry.trace import Span, SpanContext, Tracer, TracerProvider
 
-    from store.answers import Accepted
-    from store.turns import Claim
-    from tasks.runtime import Runtime
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.context import Context as _Empty
     from opentelemetry.trace import ProxyTracerProvider, SpanKind, StatusCode
@@ -61,16 +68,7 @@ try:
 except ImportError:  # the `otel` extra is not installed: no traces
     _OTEL = False
 
-__all__ = [
-    "OTEL_ENV",
-    "decided",
-    "enabled",
-    "model_span",
-    "resumed",
-    "runs_published",
-    "turn_span",
-    "use_tracer_provider",
-]
+__all__ = ["OTEL_ENV", "Tracing", "enabled", "use_tracer_provider"]
 
 OTEL_ENV = "RELAYQ_OTEL"
 
@@ -255,8 +253,11 @@ class _Run:
     traceparent: str
 
 
-def _contexts(db: Database, run_ids: Sequence[str]) -> dict[str, _Run]:
-    """Each run's trace; a run that has none yet gets one now (its `relayq.run` span)."""
+def _contexts(
+    db: Database, run_ids: Sequence[str], caller: SpanContext | None = None
+) -> dict[str, _Run]:
+    """Each run's trace; a run that has none yet gets one now (its `relayq.run` span,
+    linked to `caller`, the span current where the run was started)."""
     found: dict[str, _Run] = {}
     for start in range(0, len(run_ids), _CHUNK):
         chunk = list(run_ids[start : start + _CHUNK])
@@ -267,7 +268,7 @@ def _contexts(db: Database, run_ids: Sequence[str]) -> dict[str, _Run]:
                 )
             ).all()
         fresh = {
-            row.id: (row.agent, _root(row.id, row.agent, row.batch_id))
+            row.id: (row.agent, _root(row.id, row.agent, row.batch_id, caller))
             for row in rows
             if not row.trace_context
         }
@@ -281,9 +282,9 @@ def _contexts(db: Database, run_ids: Sequence[str]) -> dict[str, _Run]:
     return found
 
 
-def _root(run_id: str, agent: str, batch_id: str | None) -> str:
-    """A new trace for the run: its `relayq.run` span, linked to the host's current span."""
-    caller = trace.get_current_span().get_span_context()
+def _root(run_id: str, agent: str, batch_id: str | None, caller: SpanContext | None) -> str:
+    """A new trace for the run: its `relayq.run` span, linked to `caller`. (Passed in: this
+    runs on a store thread, where the host's current span is not current.)"""
     attributes = {"relayq.run_id": run_id, "relayq.agent": agent}
     if batch_id:
         attributes["relayq.batch_id"] = batch_id
@@ -292,7 +293,7 @@ def _root(run_id: str, agent: str, batch_id: str | None) -> str:
         context=_Empty(),  # a root: the caller's span is linked, not the parent
         kind=SpanKind.PRODUCER,
         attributes=attributes,
-        links=[trace.Link(caller)] if caller.is_valid else None,
+        links=[trace.Link(caller)] if caller is not None and caller.is_valid else None,
     )
     span.end()
     return _traceparent(span) or ""
@@ -316,163 +317,188 @@ def _keep(db: Database, fresh: dict[str, tuple[str, str]]) -> dict[str, _Run]:
     return {row.id: _Run(row.agent, row.trace_context) for row in rows if row.trace_context}
 
 
-# -- the host: starting runs, deciding requests -------------------------------------------------
+# -- the hook: the host's sends and decisions, the worker's turns, model calls and resumes -------
 
 
-async def runs_published(db: Database, rows: Iterable[OutboxRow]) -> None:
-    """Before the host sends turn messages: each run without a trace gets one, and the
-    messages carry it."""
-    if not enabled():
-        return
-    turns = {str(r.args[0]) for r in rows if r.task == TURN_TASK and r.args}
-    run_ids = sorted(rid for rid in turns if _remembered.get(rid) is None)
-    if run_ids:
-        await asyncio.to_thread(_contexts, db, run_ids)
+@dataclass
+class _Open:
+    """A span this hook opened in a `before_*` method, current until its `after_*`."""
+
+    span: Span
+    token: object
 
 
-def now() -> int:
-    """The time for `decided`'s `since`, in the SDK's unit."""
-    return time.time_ns()
+_turn_span: ContextVar[_Open | None] = ContextVar("relayq_turn_span", default=None)
+_model_span: ContextVar[_Open | None] = ContextVar("relayq_model_span", default=None)
+_resume_span: ContextVar[_Open | None] = ContextVar("relayq_resume_span", default=None)
 
 
-async def decided(
-    db: Database,
-    decisions: Sequence[tuple[str, bool, Accepted]],
-    *,
-    since: int,
-    via: str,
-) -> None:
-    """A `relayq.decision` span for each answer the store took: (request id, ok, what the
-    store did), from `since` (`now()`) until now."""
-    if not enabled() or not decisions:
-        return
-    runs = await asyncio.to_thread(_contexts, db, sorted({a.run_id for _, _, a in decisions}))
-    tracer, until = _tracer(), time.time_ns()
-    for request_id, ok, accepted in decisions:
-        run = runs.get(accepted.run_id)
+class Tracing(RunHooks):
+    """The runs' OpenTelemetry spans, from the events of a runtime or a host client.
+
+    `io` runs a store call (the runtime's or the client's seam); `patiently` one that
+    waits out a store outage (the worker's, for the reads a turn cannot do without).
+    Every method returns at once while tracing is off (`enabled()`).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        io: Callable[..., Awaitable[Any]],
+        patiently: Callable[..., Awaitable[Any]] | None = None,
+    ) -> None:
+        self.db = db
+        self.io = io
+        self.patiently = patiently or io
+
+    async def before_send(self, event: Sending) -> None:
+        """Each run without a trace gets one before its turn messages go, and they carry it."""
+        if not enabled():
+            return
+        turns = {str(r.args[0]) for r in event.rows if r.task == TURN_TASK and r.args}
+        run_ids = sorted(rid for rid in turns if _remembered.get(rid) is None)
+        if run_ids:
+            await self.io(_contexts, self.db, run_ids, _caller())
+
+    async def after_request_decided(self, event: RequestDecided) -> None:
+        """A `relayq.decision` span for an answer the store took, from when it was asked."""
+        if not enabled():
+            return
+        runs = await self.io(_contexts, self.db, [event.run_id], _caller())
+        run = runs.get(event.run_id)
         if run is None:
-            continue
-        span = tracer.start_span(
+            return
+        span = _tracer().start_span(
             "relayq.decision",
             context=_context(run.traceparent),
-            start_time=since,
+            start_time=event.started_ns,
             attributes={
-                "relayq.run_id": accepted.run_id,
+                "relayq.run_id": event.run_id,
                 "relayq.agent": run.agent,
-                "relayq.request_id": request_id,
-                "relayq.decision.ok": ok,
-                "relayq.decision.resolved": accepted.complete,
-                "relayq.via": via,
+                "relayq.request_id": event.request_id,
+                "relayq.decision.ok": event.ok,
+                "relayq.decision.resolved": event.resolved,
+                "relayq.via": event.via,
             },
         )
-        span.end(end_time=until)
+        span.end()
 
+    async def _run_context(self, run_id: str, known: str | None) -> Context:
+        """The run's trace: `known` (a message's header, the store's column), else this
+        process's memory, else the store's, else a new one."""
+        traceparent = known or _remembered.get(run_id)
+        if traceparent is None:
+            found = (await self.patiently(_contexts, self.db, [run_id])).get(run_id)
+            traceparent = found.traceparent if found is not None else ""
+        else:
+            _remembered.put(run_id, traceparent)
+        return _context(traceparent)
 
-# -- the worker: turns, model calls, resumes ----------------------------------------------------
-
-
-async def _run_context(rt: Runtime, run_id: str, known: str | None) -> Context:
-    """The run's trace: `known` (a message's header, the store's column), else this
-    process's memory, else the store's, else a new one."""
-    traceparent = known or _remembered.get(run_id)
-    if traceparent is None:
-        found = (await rt.patiently(_contexts, rt.db, [run_id])).get(run_id)
-        traceparent = found.traceparent if found is not None else ""
-    else:
-        _remembered.put(run_id, traceparent)
-    return _context(traceparent)
-
-
-@asynccontextmanager
-async def turn_span(rt: Runtime, header: str | None, claim: Claim) -> AsyncIterator[Span | None]:
-    """The turn's `relayq.turn` span, current while the turn runs (None when off);
-    `header` is the traceparent its task message carried, if any."""
-    if not enabled():
-        yield None
-        return
-    parent = await _run_context(rt, claim.run_id, header)
-    with (
-        _tracer().start_as_current_span(
+    async def before_turn(self, event: TurnStarted) -> None:
+        """The turn's `relayq.turn` span, current while the turn runs."""
+        if not enabled():
+            return
+        parent = await self._run_context(event.run_id, event.traceparent)
+        span = _tracer().start_span(
             "relayq.turn",
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes={
-                "relayq.run_id": claim.run_id,
-                "relayq.agent": claim.agent,
-                "relayq.turn": claim.turns + 1,
-                "relayq.attempt": claim.attempts + 1,
+                "relayq.run_id": event.run_id,
+                "relayq.agent": event.agent,
+                "relayq.turn": event.turn,
+                "relayq.attempt": event.attempt,
             },
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span,
-        _failed_as_type(span),
-    ):
-        yield span
+        )
+        _turn_span.set(_Open(span, otel_context.attach(trace.set_span_in_context(span))))
 
+    def after_turn(self, event: TurnEnded) -> None:
+        opened = _close(_turn_span)
+        if opened is None:
+            return
+        span = opened.span
+        span.set_attribute("relayq.outcome", event.outcome.value)
+        if event.request_id is not None:
+            span.set_attribute("relayq.request_id", event.request_id)
+        if event.error is not None:
+            # The exception's type only: its text may quote a prompt or a key.
+            span.set_status(StatusCode.ERROR, event.error)
+        span.end()
 
-@contextmanager
-def _failed_as_type(span: Span) -> Iterator[None]:
-    """Mark `span` failed with the exception's type only: its text may quote a prompt or
-    a key."""
-    try:
-        yield
-    except BaseException as exc:
-        span.set_status(StatusCode.ERROR, type(exc).__name__)
-        raise
-
-
-@contextmanager
-def model_span(provider: str, model: str) -> Iterator[Span | None]:
-    """The `relayq.model` span of one model call, a child of the current turn's."""
-    if not enabled():
-        yield None
-        return
-    with (
-        _tracer().start_as_current_span(
+    def before_model_call(self, event: ModelCalling) -> None:
+        """The `relayq.model` span of one model call, a child of the turn's."""
+        if not enabled():
+            return
+        span = _tracer().start_span(
             "relayq.model",
             kind=SpanKind.CLIENT,
-            attributes={"server.address": provider, "gen_ai.request.model": model},
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span,
-        _failed_as_type(span),
-    ):
-        yield span
-
-
-@asynccontextmanager
-async def resumed(rt: Runtime, request_id: str) -> AsyncIterator[None]:
-    """The `relayq.resume` span around applying an answer, and the request's
-    `relayq.suspension` span, from its opening to its answer, the first time."""
-    if not enabled():
-        yield
-        return
-    row = await rt.patiently(_request_trace, rt.db, request_id)
-    if row is None:
-        yield
-        return
-    parent = await _run_context(rt, row.run_id, row.trace_context)
-    attributes = {
-        "relayq.run_id": row.run_id,
-        "relayq.agent": row.agent,
-        "relayq.request_id": request_id,
-        "relayq.request.kind": row.kind,
-        "relayq.request.status": row.status,
-    }
-    if row.outcome:
-        attributes["relayq.request.outcome"] = row.outcome
-    if not row.applied and row.answered_at is not None:
-        span = _tracer().start_span(
-            "relayq.suspension",
-            context=parent,
-            start_time=_ns(row.created_at),
-            attributes=attributes,
+            attributes={"server.address": event.provider, "gen_ai.request.model": event.model},
         )
-        span.end(end_time=_ns(row.answered_at))
-    with _tracer().start_as_current_span(
-        "relayq.resume", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
-    ):
-        yield
+        _model_span.set(_Open(span, otel_context.attach(trace.set_span_in_context(span))))
+
+    def after_model_call(self, event: ModelCalled) -> None:
+        opened = _close(_model_span)
+        if opened is None:
+            return
+        span = opened.span
+        if event.usage is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", event.usage.prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
+        if event.error is not None:
+            span.set_status(StatusCode.ERROR, event.error)
+        span.end()
+
+    async def before_answer_applied(self, event: AnswerApplying) -> None:
+        """The `relayq.resume` span around applying an answer, and the request's
+        `relayq.suspension` span, from its opening to its answer, the first time."""
+        if not enabled():
+            return
+        row = await self.patiently(_request_trace, self.db, event.request_id)
+        if row is None:
+            return
+        parent = await self._run_context(row.run_id, row.trace_context)
+        attributes = {
+            "relayq.run_id": row.run_id,
+            "relayq.agent": row.agent,
+            "relayq.request_id": event.request_id,
+            "relayq.request.kind": row.kind,
+            "relayq.request.status": row.status,
+        }
+        if row.outcome:
+            attributes["relayq.request.outcome"] = row.outcome
+        if not row.applied and row.answered_at is not None:
+            span = _tracer().start_span(
+                "relayq.suspension",
+                context=parent,
+                start_time=_ns(row.created_at),
+                attributes=attributes,
+            )
+            span.end(end_time=_ns(row.answered_at))
+        span = _tracer().start_span(
+            "relayq.resume", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
+        )
+        _resume_span.set(_Open(span, otel_context.attach(trace.set_span_in_context(span))))
+
+    def after_answer_applied(self, event: AnswerApplied) -> None:
+        opened = _close(_resume_span)
+        if opened is not None:
+            if event.error is not None:
+                opened.span.set_status(StatusCode.ERROR, event.error)
+            opened.span.end()
+
+
+def _caller() -> SpanContext:
+    """The span current here, which a new run's trace links to."""
+    return trace.get_current_span().get_span_context()
+
+
+def _close(slot: ContextVar[_Open | None]) -> _Open | None:
+    """The span `slot` holds, no longer current."""
+    opened = slot.get()
+    if opened is not None:
+        slot.set(None)
+        otel_context.detach(opened.token)  # type: ignore[arg-type]
+    return opened
 
 
 def _request_trace(db: Database, request_id: str) -> Any:

@@ -20,14 +20,23 @@ from typing import Any, NoReturn
 
 from celery import Task, shared_task
 from celery.exceptions import Retry
-from celery.signals import worker_ready
 
-from relayq import ModelError, RelayqError, Request, RunCancelled, ToolResult, Usage
+from relayq import (
+    InProcessRequest,
+    InProcessResponse,
+    ModelError,
+    RelayqError,
+    Request,
+    RunCancelled,
+    ToolResult,
+    Usage,
+)
 from relayq import transcript as tx
 from relayq.agents import Agent, AgentError
 from relayq.budgets import Budget, Spent, next_call, overrun
 from relayq.circuit import ProviderDown, outage_countdown
 from relayq.loop import Journal, Turn, take_turn
+from relayq.model import Model
 from relayq.pricing import cost_of
 from relayq.ratelimit import Throttled
 from relayq.relay import relay_calls_of
@@ -35,7 +44,6 @@ from relayq.retry import backoff
 from store import (
     Charge,
     Claim,
-    OutboxRow,
     StaleClaim,
     StoreUnavailable,
     claim_turn,
@@ -55,8 +63,21 @@ from store.outbox import TURN_TASK
 from tasks.circuit import circuit_for, since_text
 from tasks.deliveries import Outcome, TaskRef
 from tasks.failures import failure_report
+from tasks.hooks import (
+    RATE_LIMITED,
+    ModelCalled,
+    ModelCalling,
+    RequestOpened,
+    RunHooks,
+    RunSettled,
+    ToolRan,
+    ToolStarting,
+    TurnEnded,
+    TurnOutcome,
+    TurnStarted,
+    provider_of,
+)
 from tasks.limiter import limited_model
-from tasks.metrics import observed_model, observed_turn
 from tasks.runtime import Runtime
 from tasks.settings import MAX_COUNTDOWN, Settings
 
@@ -83,40 +104,6 @@ class TurnFailed(RelayqError):
         return f"run {self.run_id} failed: {self.error}"
 
 
-# The worker's consumer, whose event dispatcher sends the task events Flower reads.
-_worker: dict[str, Any] = {}
-
-
-@worker_ready.connect
-def _keep_consumer(sender: Any = None, **_: Any) -> None:
-    _worker["consumer"] = sender
-
-
-def _progress(task: TaskRef | None, claim: Claim, phase: str) -> None:
-    """A `task-progress` event for Flower: ids, the turn number and a phase, nothing else.
-
-    The worker's own dispatcher (thread-safe) drops task events with one set
-    lookup until Flower's `enable_events` broadcast turns them on, so this costs
-    nothing meanwhile. Under prefork the body runs in a child with no consumer:
-    no progress events there.
-    """
-    consumer = _worker.get("consumer")
-    dispatcher = getattr(consumer, "event_dispatcher", None)
-    if task is None or dispatcher is None:
-        return
-    try:
-        dispatcher.send(
-            "task-progress",
-            uuid=task.id,
-            run=claim.run_id,
-            agent=claim.agent,
-            turn=claim.turns + 1,
-            phase=phase,
-        )
-    except Exception as exc:  # monitoring must never fail a turn
-        log.debug("could not send a progress event: %s", type(exc).__name__)
-
-
 class StoreJournal(Journal):
     """The turn's progress in the store: the reply before tools, each tool outcome after it.
 
@@ -135,15 +122,16 @@ class StoreJournal(Journal):
         self,
         rt: Runtime,
         claim: Claim,
-        task: TaskRef | None = None,
         *,
         runs_tool: Callable[[str], bool] = lambda name: True,
         price: Callable[[Usage], float | None] = lambda usage: None,
         charge_batch: str | None = None,
+        hooks: tuple[RunHooks, ...] = (),
     ) -> None:
         self.rt = rt
         self.claim = claim
-        self.task = task
+        self.hooks = hooks
+        """The agent's own hooks, after the runtime's."""
         self.runs_tool = runs_tool
         """Whether a call of this name runs a tool of ours (not a relay tool, not unknown)."""
         self.price = price
@@ -158,6 +146,7 @@ class StoreJournal(Journal):
         self.entries: list[LedgerEntry] = []
         """Outcomes left for the turn's end (or the next call's start) to record."""
         self._running = 0
+        self._started: dict[tuple[int, str, str], float] = {}
 
     def is_set(self) -> bool:
         return self.cancelled
@@ -179,7 +168,6 @@ class StoreJournal(Journal):
         )
         self._fresh = len(messages) - 1
         self.stored = list(messages)
-        _progress(self.task, self.claim, "tools")
 
     async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
         if at == self._fresh and not attempt:
@@ -190,6 +178,10 @@ class StoreJournal(Journal):
         # What finished before this call starts is kept first: the call may kill the worker.
         await self.flush()
         self._running += 1
+        await self.rt.hooks.emit(
+            "before_tool", ToolStarting(self.claim.run_id, self.claim.agent, call_id), self.hooks
+        )
+        self._started[at, call_id, attempt] = time.perf_counter()
         if at == self._fresh and not attempt:
             return 1  # counted when the reply was saved
         return await self.rt.io(ledger_start, self.rt.db, self.claim.run_id, at, call_id, attempt)
@@ -201,6 +193,16 @@ class StoreJournal(Journal):
         self.entries.append(LedgerEntry(at, call_id, attempt, outcome))
         if self._running > 0:
             await self.flush()  # another call still runs, and may kill the worker
+        started = self._started.pop((at, call_id, attempt), None)
+        if isinstance(outcome, ToolResult) and started is not None:
+            ran = ToolRan(
+                self.claim.run_id,
+                self.claim.agent,
+                call_id,
+                outcome.is_error,
+                time.perf_counter() - started,
+            )
+            await self.rt.hooks.emit("after_tool", ran, self.hooks)
 
     async def flush(self) -> None:
         """Record the outcomes left for later now."""
@@ -219,7 +221,7 @@ def _missing_relay_tools(rt: Runtime, claim: Claim, relay_names: frozenset[str])
 
 
 async def _turn(
-    rt: Runtime, task: TaskRef | None, claim: Claim, agent: Agent, gate: Gate
+    rt: Runtime, claim: Claim, agent: Agent, gate: Gate
 ) -> tuple[Turn, StoreJournal, str]:
     toolkit = await agent.toolkit()
     digest = toolkit.digest()
@@ -239,19 +241,18 @@ async def _turn(
     journal = StoreJournal(
         rt,
         claim,
-        task,
         runs_tool=runs_tool,
         price=lambda usage: cost_of(agent, usage),
         charge_batch=gate.charge_batch,
+        hooks=agent.hooks,
     )
     time_limit = _time_limit(rt.settings, agent)
     async with asyncio.timeout(time_limit):
         turn = await take_turn(
             claim.messages,
             toolkit,
-            # Under the provider's shared limits, if it sets any (`tasks.limiter`);
-            # counted and traced (`tasks.metrics`).
-            observed_model(agent, limited_model(rt.settings, agent, time_limit)),
+            # Under the provider's shared limits, if it sets any (`tasks.limiter`).
+            _watched(rt, claim, agent, limited_model(rt.settings, agent, time_limit)),
             run_id=claim.run_id,
             max_turns=agent.max_turns,
             system_prompt=agent.system_prompt,
@@ -285,6 +286,9 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
     sweeper). A store call that fails after the claim ends the turn there: once the
     store answers, the run goes back to its queue (`_give_back`), and its next turn
     takes up what this one stored (the reply, the tools' outcomes in the ledger).
+
+    The runtime's hooks, and the agent's, see the claimed turn start and end
+    (`tasks.hooks`), then the request it opened and the run settling, if it did.
     """
     task_id = task.id if task is not None else None
     # Counted from before the claim is asked for: the sweeper frees a claim of this
@@ -303,16 +307,125 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
             heartbeats_steady=rt.heartbeat.steady,
         )
         if claim is None:
-            return Outcome("skipped: stale or duplicate message")
+            return Outcome(TurnOutcome.SKIPPED, "skipped: stale or duplicate message")
+        hooks = _agent_hooks(rt, claim.agent)
+        header = getattr(task.request, "traceparent", None) if task is not None else None
+        started = time.perf_counter()
+        await rt.hooks.emit(
+            "before_turn",
+            TurnStarted(
+                claim.run_id, claim.agent, claim.turns + 1, claim.attempts + 1, task_id, header
+            ),
+            hooks,
+        )
+        outcome: Outcome | None = None
+        error: str | None = None
         try:
-            # Timed and traced (`tasks.metrics`): relayq_turn_duration_seconds, relayq.turn.
-            async with observed_turn(rt, task, claim) as seen:
-                return seen.ended(await _drive(rt, task, claim))
-        except StoreUnavailable as exc:
-            return await _give_back(rt, task, claim, exc)
+            try:
+                outcome = await _drive(rt, claim)
+                await _resend(rt, task, outcome)
+            except StoreUnavailable as exc:
+                error = type(exc).__name__
+                outcome = await _give_back(rt, claim, exc)
+                await _resend(rt, task, outcome)
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            await _ended(rt, claim, hooks, outcome, error, time.perf_counter() - started)
+        return outcome
 
 
-async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
+async def _ended(
+    rt: Runtime,
+    claim: Claim,
+    hooks: tuple[RunHooks, ...],
+    outcome: Outcome | None,
+    error: str | None,
+    seconds: float,
+) -> None:
+    """Tell the hooks how the claimed turn ended: the request it opened, the turn's end,
+    and the run settling (a failed run too)."""
+    kind = outcome.kind if outcome is not None else TurnOutcome.FAILED
+    pending = outcome.turn.pending if outcome is not None and outcome.turn is not None else None
+    if pending is not None:
+        opened = RequestOpened(claim.run_id, claim.agent, pending.id, pending.kind)
+        await rt.hooks.emit("after_request_opened", opened, hooks)
+    ended = TurnEnded(
+        claim.run_id,
+        claim.agent,
+        claim.turns + 1,
+        kind,
+        seconds,
+        pending.id if pending is not None else None,
+        error,
+    )
+    await rt.hooks.emit("after_turn", ended, hooks)
+    if kind.settles if outcome is not None else error == TurnFailed.__name__:
+        settled = RunSettled(claim.run_id, claim.agent, kind.value)
+        await rt.hooks.emit("after_run_settled", settled, hooks)
+
+
+def _agent_hooks(rt: Runtime, name: str) -> tuple[RunHooks, ...]:
+    agent = rt.known_agent(name)
+    return agent.hooks if agent is not None else ()
+
+
+def _watched(rt: Runtime, claim: Claim, agent: Agent, model: Model) -> Model:
+    """`model`, with the hooks told of each call (`ModelCalling`, `ModelCalled`)."""
+    name, provider = agent.model_name, provider_of(agent)
+    hooks: tuple[RunHooks, ...] = agent.hooks
+
+    async def call(request: InProcessRequest) -> InProcessResponse:
+        await rt.hooks.emit(
+            "before_model_call", ModelCalling(claim.run_id, agent.name, provider, name), hooks
+        )
+        started = time.perf_counter()
+        result: str | None = "error"
+        reply: InProcessResponse | None = None
+        status: int | None = None
+        error: str | None = None
+        try:
+            reply = await model(request)
+            result = "ok"
+            return reply
+        except Throttled:
+            result = None  # kept back by the provider's limits: no call made
+            raise
+        except ProviderDown as exc:
+            if not exc.called:
+                result = None  # kept back by the provider's open circuit
+            error = type(exc).__name__
+            raise
+        except ModelError as exc:
+            status = exc.status
+            if exc.status in RATE_LIMITED:
+                result = "rate_limited"
+            error = type(exc).__name__
+            raise
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            usage = reply.usage if reply is not None else None
+            called = ModelCalled(
+                claim.run_id,
+                agent.name,
+                provider,
+                name,
+                result,
+                time.perf_counter() - started,
+                usage,
+                cost_of(agent, usage) if usage is not None else None,
+                status,
+                error,
+            )
+            await rt.hooks.emit("after_model_call", called, hooks)
+
+    return call
+
+
+async def _drive(rt: Runtime, claim: Claim) -> Outcome:
     run_id = claim.run_id
     if claim.crashes > rt.settings.crash_limit:
         # The turn keeps killing its worker.
@@ -323,8 +436,7 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
         gate = await _budget_gate(rt, claim, agent)
         if gate.verdict != "go":
             return _stopped_by_budget(gate)
-        _progress(task, claim, "model")
-        turn, journal, digest = await _turn(rt, task, claim, agent, gate)
+        turn, journal, digest = await _turn(rt, claim, agent, gate)
         outbox = await rt.io(
             finish_turn,
             rt.db,
@@ -340,24 +452,23 @@ async def _drive(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
             entries=journal.entries,
         )
     except StaleClaim:
-        return Outcome("skipped: lost the claim")
+        return Outcome(TurnOutcome.SKIPPED, "skipped: lost the claim")
     except StoreUnavailable:
         raise  # not the run's failure: `drive_turn` gives the run back
     except RunCancelled:
         await rt.io(finish_cancelled, rt.db, claim)
-        return Outcome("cancelled")
+        return Outcome(TurnOutcome.CANCELLED, "cancelled")
     except Throttled as exc:
-        return await _wait_for_capacity(rt, task, claim, exc)
+        return await _wait_for_capacity(rt, claim, exc)
     except (ModelError, TimeoutError) as exc:
-        return await _retry_or_fail(rt, task, claim, exc)
+        return await _retry_or_fail(rt, claim, exc)
     except Exception as exc:
         await _fail(rt, claim, _describe(exc), exc)
-    _progress(task, claim, "saved")
     if turn.status == "next":
         # The next turn's message claims the run at the version this one leaves it at.
         rt.transcripts.keep(run_id, claim.version + 1, turn.messages)
     await rt.publish(outbox)
-    return Outcome(turn.status, turn=turn)
+    return Outcome(TurnOutcome(turn.status), turn.status, turn=turn)
 
 
 async def _fail(
@@ -370,11 +481,9 @@ async def _fail(
     raise TurnFailed(claim.run_id, error) from None
 
 
-async def _retry_or_fail(
-    rt: Runtime, task: TaskRef | None, claim: Claim, exc: Exception
-) -> Outcome:
+async def _retry_or_fail(rt: Runtime, claim: Claim, exc: Exception) -> Outcome:
     if isinstance(exc, ProviderDown):
-        return await _wait_for_provider(rt, task, claim, exc)
+        return await _wait_for_provider(rt, claim, exc)
     retryable = isinstance(exc, TimeoutError) or (isinstance(exc, ModelError) and exc.retryable)
     error = _describe(exc)
     agent = rt.known_agent(claim.agent)
@@ -387,13 +496,11 @@ async def _retry_or_fail(
     countdown = backoff(claim.attempts, retry_after, base=rt.settings.retry_base)
     queue = agent.queue if agent is not None else None
     row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown, queue=queue)
-    await _resend(rt, task, row, countdown)
-    return Outcome(f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}", countdown)
+    summary = f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}"
+    return Outcome(TurnOutcome.RETRY, summary, countdown, resend=row)
 
 
-async def _give_back(
-    rt: Runtime, task: TaskRef | None, claim: Claim, exc: StoreUnavailable
-) -> Outcome:
+async def _give_back(rt: Runtime, claim: Claim, exc: StoreUnavailable) -> Outcome:
     """The store failed under the turn: once it answers again, the run goes back to its
     queue, with no try counted and no error stored."""
     log.warning("run %s: %s; the turn is given back once the store answers", claim.run_id, exc)
@@ -404,18 +511,16 @@ async def _give_back(
     except StaleClaim:
         # The turn's last write went through after all (its answer was lost), or the
         # sweeper freed the run meanwhile: its next message is on its way.
-        return Outcome("skipped: lost the claim")
-    await _resend(rt, task, row, 0.0)
-    return Outcome(f"given back: the store was unavailable ({exc.reason})", 0.0)
+        return Outcome(TurnOutcome.SKIPPED, "skipped: lost the claim")
+    summary = f"given back: the store was unavailable ({exc.reason})"
+    return Outcome(TurnOutcome.GIVEN_BACK, summary, 0.0, resend=row)
 
 
 # -- provider circuits: a turn whose provider is down goes back to its queue without spending
 # a try, until the circuit closes (it is woken then) or RELAYQ_PROVIDER_OUTAGE_LIMIT. -------
 
 
-async def _wait_for_provider(
-    rt: Runtime, task: TaskRef | None, claim: Claim, exc: ProviderDown
-) -> Outcome:
+async def _wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Outcome:
     circuit = circuit_for(rt.settings)
     wait = await circuit.waiting(exc.key, claim.run_id, claim.batch_id, probing=exc.probing)
     waited = 0.0 if wait is None else time.time() - wait.since
@@ -437,11 +542,12 @@ async def _wait_for_provider(
     row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue)
     if wait is None or not await circuit.still_waiting(exc.key, claim.run_id):
         countdown = 0.0  # closed (and its runs woken) while this turn went back
-    await _resend(rt, task, row, countdown)
     return Outcome(
+        TurnOutcome.WAITING,
         f"waiting on provider {exc.provider} since {since_text(exc.opened_at)}: "
         f"again in {countdown:.1f} s",
         countdown,
+        resend=row,
     )
 
 
@@ -449,21 +555,21 @@ async def _wait_for_provider(
 # in place goes back to its queue; no failed try is counted, no error stored. --------------
 
 
-async def _wait_for_capacity(
-    rt: Runtime, task: TaskRef | None, claim: Claim, exc: Throttled
-) -> Outcome:
+async def _wait_for_capacity(rt: Runtime, claim: Claim, exc: Throttled) -> Outcome:
     countdown = min(exc.retry_in, MAX_COUNTDOWN)
     agent = rt.known_agent(claim.agent)
     queue = agent.queue if agent is not None else None
     row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue)
-    await _resend(rt, task, row, countdown)
-    return Outcome(
-        f"waiting for {exc.provider} ({exc.reason}): again in {countdown:.1f} s", countdown
-    )
+    summary = f"waiting for {exc.provider} ({exc.reason}): again in {countdown:.1f} s"
+    return Outcome(TurnOutcome.WAITING, summary, countdown, resend=row)
 
 
-async def _resend(rt: Runtime, task: TaskRef | None, row: OutboxRow, countdown: float) -> None:
-    """Send the turn again after `countdown`: as a retry of the same task on a worker."""
+async def _resend(rt: Runtime, task: TaskRef | None, outcome: Outcome) -> None:
+    """Send the turn again after the outcome's backoff, if it says to: as a retry of the
+    same task on a worker."""
+    row, countdown = outcome.resend, outcome.retry_in or 0.0
+    if row is None:
+        return
     if task is None:
         await rt.publish([row])
     else:
@@ -506,8 +612,8 @@ async def _budget_gate(rt: Runtime, claim: Claim, agent: Agent) -> Gate:
 
 
 def _stopped_by_budget(gate: Gate) -> Outcome:
-    summary = "over_budget" if gate.verdict == "ended" else "pending"
-    return Outcome(f"{summary}: {gate.detail}")
+    kind = TurnOutcome.OVER_BUDGET if gate.verdict == "ended" else TurnOutcome.PENDING
+    return Outcome(kind, f"{kind.value}: {gate.detail}")
 
 
 def _describe(exc: BaseException) -> str:

@@ -63,8 +63,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_max_retries": None,
         # ... and survives releasing the connection it lost (see `workers.app.Consumer`).
         "worker_consumer": "workers.app:Consumer",
-        # The tasks, and the hook that announces the runs they settle (`tasks.announce`).
-        "imports": ("tasks.turns", "tasks.answers", "tasks.maintenance", "tasks.announce"),
+        "imports": ("tasks.turns", "tasks.answers", "tasks.maintenance"),
+        # Hooks of the worker's runtime besides relayq's own (`tasks.hooks`): the turns'
+        # progress events for Flower. (RELAYQ_HOOKS adds the user's.)
+        "relayq_worker_hooks": ("workers.events:FlowerProgress",),
     }
     return settings.broker_options() | worker | _pool(settings)
 

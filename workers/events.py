@@ -11,7 +11,9 @@ retry), so Flower lists a turn from when it was queued; Flower's broadcast
 turns both on, and its `disable_events` both off.
 
 A turn that fails says how long it ran (`TimedRequest`), as one that
-succeeds does: Celery's `task-failed` event carries no runtime.
+succeeds does: Celery's `task-failed` event carries no runtime. A turn also
+says where it is (`FlowerProgress`, a hook of the worker's runtime): a
+`task-progress` event as it calls the model, runs tools of ours, and is saved.
 """
 
 from __future__ import annotations
@@ -21,17 +23,21 @@ import os
 import socket
 import threading
 import time
+from contextvars import ContextVar
 from typing import Any
 
 import redis
 from celery import Celery, Task
+from celery.signals import worker_ready
 from celery.worker import control
 from celery.worker.request import Request
 
 from tasks.broker import redis_url
+from tasks.hooks import ModelCalling, RunHooks, ToolStarting, TurnEnded, TurnOutcome, TurnStarted
 from tasks.settings import Settings
 
 __all__ = [
+    "FlowerProgress",
     "MARK_TTL",
     "TimedRequest",
     "TimedTask",
@@ -145,3 +151,61 @@ class TimedTask(Task):
     """The base of the worker app's tasks: their requests are `TimedRequest`s."""
 
     Request = "workers.events:TimedRequest"
+
+
+# The worker's consumer, whose event dispatcher sends the task events Flower reads.
+_worker: dict[str, Any] = {}
+
+
+@worker_ready.connect
+def _keep_consumer(sender: Any = None, **_: Any) -> None:
+    _worker["consumer"] = sender
+
+
+_turn: ContextVar[TurnStarted | None] = ContextVar("relayq_flower_turn", default=None)
+_SAVED = frozenset(
+    {TurnOutcome.NEXT, TurnOutcome.DONE, TurnOutcome.PENDING, TurnOutcome.INCOMPLETE}
+)
+
+
+class FlowerProgress(RunHooks):
+    """`task-progress` events for Flower: ids, the turn number and a phase (`model`,
+    `tools`, `saved`), nothing else.
+
+    The worker's own dispatcher (thread-safe) drops task events with one set
+    lookup until Flower's `enable_events` broadcast turns them on, so this costs
+    nothing meanwhile. Under prefork the turn runs in a child with no consumer:
+    no progress events there.
+    """
+
+    def before_turn(self, event: TurnStarted) -> None:
+        _turn.set(event)
+
+    def before_model_call(self, event: ModelCalling) -> None:
+        self._send("model")
+
+    def before_tool(self, event: ToolStarting) -> None:
+        self._send("tools")
+
+    def after_turn(self, event: TurnEnded) -> None:
+        if event.outcome in _SAVED:
+            self._send("saved")
+        _turn.set(None)
+
+    @staticmethod
+    def _send(phase: str) -> None:
+        turn = _turn.get()
+        dispatcher = getattr(_worker.get("consumer"), "event_dispatcher", None)
+        if turn is None or turn.task_id is None or dispatcher is None:
+            return
+        try:
+            dispatcher.send(
+                "task-progress",
+                uuid=turn.task_id,
+                run=turn.run_id,
+                agent=turn.agent,
+                turn=turn.turn,
+                phase=phase,
+            )
+        except Exception as exc:  # monitoring must never fail a turn
+            log.debug("could not send a progress event: %s", type(exc).__name__)

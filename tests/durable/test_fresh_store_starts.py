@@ -176,6 +176,8 @@ def holds_open(started: Started, path: Path) -> bool:
     return False
 
 
+# Twenty tries of three processes each: over the suite's one-minute guard on a loaded machine.
+@pytest.mark.timeout(240)
 def test_a_worker_an_api_and_beat_started_together_on_a_fresh_store_all_come_up(
     store_kind: str, broker: Broker, tmp_path: Path
 ):

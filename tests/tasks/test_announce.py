@@ -1,35 +1,53 @@
-"""Which runs a finished task announces, on which channel, and what an announcement holds."""
+"""Which runs a worker announces, on which channel, and what an announcement holds."""
 
 from __future__ import annotations
 
 import pytest
 
-from store.outbox import ANSWER_TASK, CANCEL_TASK, SWEEP_TASK, TURN_TASK
 from tasks import Settings
-from tasks.announce import Announcer, channel_of, decode, encode, runs_moved
+from tasks.announce import Announcer, RunAnnouncer, channel_of, decode, encode
 from tasks.broker import redis_url
+from tasks.hooks import AnswerApplied, RunSettled, TurnOutcome
 from tests.ports import free_port
 
 
-@pytest.mark.parametrize("summary", ["done", "pending", "incomplete", "cancelled"])
-def test_a_turn_that_may_have_settled_its_run_is_announced(summary):
-    assert runs_moved(TURN_TASK, ["run_1", 3], summary, "SUCCESS") == ["run_1"]
+class _Heard:
+    def __init__(self) -> None:
+        self.run_ids: list[str] = []
+
+    def announce(self, run_ids):
+        self.run_ids.extend(run_ids)
 
 
-def test_a_failed_turn_and_a_cancel_are_announced():
-    assert runs_moved(TURN_TASK, ["run_1", 3], None, "FAILURE") == ["run_1"]
-    assert runs_moved(CANCEL_TASK, ["run_1"], "cancelled", "SUCCESS") == ["run_1"]
+def _announcer() -> tuple[RunAnnouncer, _Heard]:
+    hook = RunAnnouncer(Settings.load(env={}))
+    heard = _Heard()
+    hook._announcer = heard  # type: ignore[assignment]  # what it would publish
+    return hook, heard
 
 
-def test_a_turn_that_queued_the_next_one_or_was_sent_again_is_not_announced():
+@pytest.mark.parametrize("outcome", ["done", "pending", "incomplete", "cancelled", "over_budget"])
+def test_a_turn_that_may_have_settled_its_run_settles_it(outcome):
+    assert TurnOutcome(outcome).settles
+
+
+@pytest.mark.parametrize("outcome", ["next", "retry", "waiting", "given_back", "skipped"])
+def test_a_turn_that_queued_the_next_one_or_was_sent_again_settles_nothing(outcome):
     # The run is queued again: no waiter is waiting for that.
-    assert runs_moved(TURN_TASK, ["run_1", 3], "next", "SUCCESS") == []
-    assert runs_moved(TURN_TASK, ["run_1", 3], None, "RETRY") == []
+    assert not TurnOutcome(outcome).settles
 
 
-def test_a_sweep_names_no_run():
-    assert runs_moved(SWEEP_TASK, [], "sent 0", "SUCCESS") == []
-    assert runs_moved(ANSWER_TASK, [], None, "SUCCESS") == []
+def test_a_settled_run_and_an_applied_answer_s_run_are_announced():
+    hook, heard = _announcer()
+    hook.after_run_settled(RunSettled("run_1", "a", "failed"))
+    hook.after_answer_applied(AnswerApplied("req_1", "run_2", resumed=False))
+    assert heard.run_ids == ["run_1", "run_2"]
+
+
+def test_an_answer_to_no_known_request_names_no_run():
+    hook, heard = _announcer()
+    hook.after_answer_applied(AnswerApplied("req_1", None, resumed=False))
+    assert heard.run_ids == []
 
 
 def test_an_announcement_is_run_ids_and_nothing_else():
