@@ -70,7 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--screenshots",
         action="store_true",
-        help="the browser tests also save the inbox's pages as PNGs in docs/ (the README's)",
+        help="the browser tests also save the inbox's pages as PNGs in docs/ (docs/approvals.md's)",
     )
 
 

@@ -1,6 +1,6 @@
-"""The browser tests' parts: chromium, the inbox's server, screenshots for the README.
+"""The browser tests' parts: chromium, the inbox's server, screenshots for the docs.
 
-With `--screenshots`, the tests also save the pages the README shows as PNGs in docs/:
+With `--screenshots`, the tests also save the pages docs/approvals.md shows as PNGs in docs/:
 
     .venv/bin/pytest tests/durable/browser --screenshots -k sqlite
 """
@@ -78,7 +78,7 @@ Shoot = Callable[[Page, str], Awaitable[None]]
 @pytest.fixture
 def screenshot(pytestconfig: pytest.Config) -> Shoot:
     """`await screenshot(page, "inbox-list")` saves the whole page as docs/inbox-list.png
-    under `--screenshots` (the README's pictures); without the flag it writes nothing."""
+    under `--screenshots` (docs/approvals.md shows them); without the flag it writes nothing."""
 
     async def shoot(page: Page, name: str) -> None:
         if pytestconfig.getoption("--screenshots"):
