@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from store import Database
+from store.requests import run_of_request
 from tasks.broker import redis_url
 from tasks.hooks import AnswerApplied, RunHooks, RunSettled
 from tasks.settings import Settings
@@ -97,8 +100,11 @@ class RunAnnouncer(RunHooks):
     (declining a budget does). A run whose next turn is queued, or that is sent
     again, is not announced: waiters would only read a status they do not wait for."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, db: Database, io: Callable[..., Awaitable[Any]]) -> None:
         self.settings = settings
+        self.db = db
+        self.io = io
+        """The runtime's store calls (`tasks.storeio`)."""
         self._announcer: Announcer | None = None
 
     def _announce(self, run_ids: Sequence[str]) -> None:
@@ -109,6 +115,9 @@ class RunAnnouncer(RunHooks):
     def after_run_settled(self, event: RunSettled) -> None:
         self._announce([event.run_id])
 
-    def after_answer_applied(self, event: AnswerApplied) -> None:
-        if event.run_id is not None:
-            self._announce([event.run_id])
+    async def after_answer_applied(self, event: AnswerApplied) -> None:
+        if event.error is not None:
+            return
+        run_id = await self.io(run_of_request, self.db, event.request_id)
+        if run_id is not None:
+            self._announce([run_id])

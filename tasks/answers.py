@@ -6,7 +6,6 @@ from celery import Task, shared_task
 
 from store import OutboxRow, apply_answer_of
 from store.outbox import ANSWER_TASK
-from store.requests import run_of_request
 from tasks.hooks import AnswerApplied, AnswerApplying
 from tasks.runtime import Runtime
 
@@ -27,20 +26,9 @@ async def apply_answer(rt: Runtime, request_id: str) -> str:
         error = type(exc).__name__
         raise
     finally:
-        run_id = await _run_of(rt, request_id) if error is None else None
-        applied = AnswerApplied(request_id, run_id, bool(outbox), error)
+        applied = AnswerApplied(request_id, bool(outbox), error)
         await rt.hooks.emit("after_answer_applied", applied)
     return "resumed" if outbox else "skipped: already applied or run not pending"
-
-
-async def _run_of(rt: Runtime, request_id: str) -> str | None:
-    """The request's run, for the hooks (only when one of them is told of answers)."""
-    if not rt.hooks.wants("after_answer_applied"):
-        return None
-    try:
-        return await rt.io(run_of_request, rt.db, request_id)
-    except Exception:  # the answer is applied: watching it must not fail the task
-        return None
 
 
 @shared_task(name=ANSWER_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)

@@ -240,8 +240,6 @@ class AnswerApplied:
     """A worker applied a request's answer, or found it applied already."""
 
     request_id: str
-    run_id: str | None
-    """The request's run (None: no such request)."""
     resumed: bool
     """Whether the run was queued again by it."""
     error: str | None = None
@@ -314,13 +312,6 @@ class Hooks:
         self._by_method = {
             method: tuple(h for h in self._hooks if _overrides(h, method)) for method in _METHODS
         }
-
-    def __iter__(self) -> Any:
-        return iter(tuple(self._hooks))
-
-    def wants(self, method: str, extra: Sequence[RunHooks] = ()) -> bool:
-        """Whether any hook would see `method`'s event (to skip building one)."""
-        return bool(self._by_method.get(method)) or any(_overrides(h, method) for h in extra)
 
     async def emit(self, method: str, event: Any, extra: Sequence[RunHooks] = ()) -> None:
         """Call `method` of every hook overriding it, `extra` (an agent's) after the rest;

@@ -236,13 +236,11 @@ class Runtime:
             if cls._current is None or cls._pid != os.getpid():
                 conf = (app or current_app).conf
                 settings = Settings.load(conf=conf)
-                # The worker's own: announcing settled runs, and what its app's
-                # configuration names (Flower's progress events, `workers.config`).
-                worker_hooks = [
-                    RunAnnouncer(settings),
-                    *hooks_named(conf.get("relayq_worker_hooks", ())),
-                ]
-                cls._current = Runtime(settings, hooks=worker_hooks)
+                # The worker's own hooks: what its app's configuration names (Flower's
+                # progress events, `workers.config`), and announcing settled runs.
+                named = hooks_named(conf.get("relayq_worker_hooks", ()))
+                rt = cls._current = Runtime(settings, hooks=named)
+                rt.hooks.add(RunAnnouncer(settings, rt.db, rt.io))
                 cls._pid = os.getpid()
             if app is not None:
                 cls._current.app = app

@@ -410,7 +410,7 @@ class Tracing(RunHooks):
                 "relayq.attempt": event.attempt,
             },
         )
-        _turn_span.set(_Open(span, otel_context.attach(trace.set_span_in_context(span))))
+        _open(_turn_span, span)
 
     def after_turn(self, event: TurnEnded) -> None:
         opened = _close(_turn_span)
@@ -434,7 +434,7 @@ class Tracing(RunHooks):
             kind=SpanKind.CLIENT,
             attributes={"server.address": event.provider, "gen_ai.request.model": event.model},
         )
-        _model_span.set(_Open(span, otel_context.attach(trace.set_span_in_context(span))))
+        _open(_model_span, span)
 
     def after_model_call(self, event: ModelCalled) -> None:
         opened = _close(_model_span)
@@ -477,7 +477,7 @@ class Tracing(RunHooks):
         span = _tracer().start_span(
             "relayq.resume", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
         )
-        _resume_span.set(_Open(span, otel_context.attach(trace.set_span_in_context(span))))
+        _open(_resume_span, span)
 
     def after_answer_applied(self, event: AnswerApplied) -> None:
         opened = _close(_resume_span)
@@ -490,6 +490,11 @@ class Tracing(RunHooks):
 def _caller() -> SpanContext:
     """The span current here, which a new run's trace links to."""
     return trace.get_current_span().get_span_context()
+
+
+def _open(slot: ContextVar[_Open | None], span: Span) -> None:
+    """Make `span` current until `_close(slot)`."""
+    slot.set(_Open(span, otel_context.attach(trace.set_span_in_context(span))))
 
 
 def _close(slot: ContextVar[_Open | None]) -> _Open | None:

@@ -320,6 +320,7 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
         )
         outcome: Outcome | None = None
         error: str | None = None
+        failed = False
         try:
             try:
                 outcome = await _drive(rt, claim)
@@ -330,9 +331,11 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
                 await _resend(rt, task, outcome)
         except BaseException as exc:
             error = type(exc).__name__
+            failed = isinstance(exc, TurnFailed)  # stored on the run: it settled
             raise
         finally:
-            await _ended(rt, claim, hooks, outcome, error, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            await _ended(rt, claim, hooks, outcome, error, seconds, failed=failed)
         return outcome
 
 
@@ -343,6 +346,8 @@ async def _ended(
     outcome: Outcome | None,
     error: str | None,
     seconds: float,
+    *,
+    failed: bool,
 ) -> None:
     """Tell the hooks how the claimed turn ended: the request it opened, the turn's end,
     and the run settling (a failed run too)."""
@@ -361,7 +366,7 @@ async def _ended(
         error,
     )
     await rt.hooks.emit("after_turn", ended, hooks)
-    if kind.settles if outcome is not None else error == TurnFailed.__name__:
+    if failed or (outcome is not None and kind.settles):
         settled = RunSettled(claim.run_id, claim.agent, kind.value)
         await rt.hooks.emit("after_run_settled", settled, hooks)
 

@@ -102,11 +102,12 @@ async def test_a_failing_hook_is_logged_by_name_and_type_and_the_others_still_ru
     assert "secret" not in caplog.text
 
 
-def test_a_hook_watching_nothing_costs_no_call_and_wants_says_so():
-    hooks = Hooks([RunHooks()])
-    assert not hooks.wants("before_turn")
-    assert hooks.wants("before_turn", [Recorder("x", [])])
-    assert Hooks([Recorder("x", [])]).wants("after_tool")
+async def test_a_hook_is_called_only_for_the_methods_it_overrides():
+    seen: list[tuple[str, str, Any]] = []
+    hooks = Hooks([RunHooks(), Recorder("x", seen)])
+    await hooks.emit("after_request_opened", object())  # Recorder leaves it to the base
+    await hooks.emit("after_tool", END)
+    assert [(who, method) for who, method, _ in seen] == [("x", "after_tool")]
 
 
 def test_only_run_hooks_are_taken():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from store.requests import run_of_request
 from tasks import Settings
 from tasks.announce import Announcer, RunAnnouncer, channel_of, decode, encode
 from tasks.broker import redis_url
@@ -19,8 +20,15 @@ class _Heard:
         self.run_ids.extend(run_ids)
 
 
-def _announcer() -> tuple[RunAnnouncer, _Heard]:
-    hook = RunAnnouncer(Settings.load(env={}))
+def _announcer(runs: dict[str, str] | None = None) -> tuple[RunAnnouncer, _Heard]:
+    """A RunAnnouncer whose store knows `runs` (request id -> run id)."""
+    known = runs or {}
+
+    async def io(fn, db, request_id):  # the store's answer to `run_of_request`
+        assert fn is run_of_request
+        return known.get(request_id)
+
+    hook = RunAnnouncer(Settings.load(env={}), None, io)  # type: ignore[arg-type]
     heard = _Heard()
     hook._announcer = heard  # type: ignore[assignment]  # what it would publish
     return hook, heard
@@ -37,16 +45,17 @@ def test_a_turn_that_queued_the_next_one_or_was_sent_again_settles_nothing(outco
     assert not TurnOutcome(outcome).settles
 
 
-def test_a_settled_run_and_an_applied_answer_s_run_are_announced():
-    hook, heard = _announcer()
+async def test_a_settled_run_and_an_applied_answer_s_run_are_announced():
+    hook, heard = _announcer({"req_1": "run_2"})
     hook.after_run_settled(RunSettled("run_1", "a", "failed"))
-    hook.after_answer_applied(AnswerApplied("req_1", "run_2", resumed=False))
+    await hook.after_answer_applied(AnswerApplied("req_1", resumed=False))
     assert heard.run_ids == ["run_1", "run_2"]
 
 
-def test_an_answer_to_no_known_request_names_no_run():
-    hook, heard = _announcer()
-    hook.after_answer_applied(AnswerApplied("req_1", None, resumed=False))
+async def test_an_answer_to_no_known_request_or_not_applied_names_no_run():
+    hook, heard = _announcer({"req_1": "run_2"})
+    await hook.after_answer_applied(AnswerApplied("req_9", resumed=False))
+    await hook.after_answer_applied(AnswerApplied("req_1", resumed=False, error="StoreUnavailable"))
     assert heard.run_ids == []
 
 
