@@ -10,7 +10,6 @@ client uses: `"ok": "yes"` is refused by both.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
@@ -83,7 +82,7 @@ class AnswerBody(BaseModel):
 async def stored_request(client: DurableClient, request_id: str) -> StoredRequest:
     """The stored request, or 404."""
     try:
-        return await asyncio.to_thread(get_request, client.db, request_id)
+        return await client.store(get_request, client.db, request_id)
     except ResumeError as exc:
         raise http_error(exc) from exc
 

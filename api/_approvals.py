@@ -16,7 +16,6 @@ approver groups or for the run's own starter where self-approval is forbidden,
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -29,12 +28,12 @@ from api._answers import stored_request
 from api._auth import Answerer, Principal, Reader
 from api._errors import http_error, refusals
 from api._limits import Keepable
+from api._state import client_of
 from relayq import Answer, BulkRefused, NotAnApproval, ResumeError
 from relayq.approvals import approve, decline, edit
 from store import Decider, StoredRequest, decisions_of, list_decisions
 from store.answers import MAX_BULK
 from store.models import DecisionRow
-from tasks import DurableClient
 
 __all__ = ["BulkBody", "DecisionBody", "DecisionOut", "decider_of", "router"]
 
@@ -179,18 +178,13 @@ def decider_of(who: Principal, via: Literal["inbox", "api"]) -> Decider:
     return Decider(name=who.name, role=who.role, groups=tuple(who.groups), via=via)
 
 
-def _client(request: Request) -> DurableClient:
-    client: DurableClient = request.app.state.client
-    return client
-
-
 @router.post("/requests/{request_id}/decision", responses=refusals(400, 403, 404, 409, 413))
 async def decide(
     request_id: str, body: DecisionBody, request: Request, who: Answerer
 ) -> StoredRequest:
     """Approve, edit or decline an approval request, as the token's holder (409 for a
     request that is not an approval: its answer goes to `/answer`)."""
-    client = _client(request)
+    client = client_of(request)
     try:
         await client.submit_answer(
             body.answer(request_id), decider=decider_of(who, "api"), decision=True
@@ -214,7 +208,7 @@ async def decide_many(body: BulkBody, request: Request, who: Answerer) -> BulkDo
     each one and why."""
     revisions = {item.id: item.revision for item in body.requests}
     try:
-        resumed = await _client(request).decide_many(
+        resumed = await client_of(request).decide_many(
             revisions, body.decision, decider=decider_of(who, "api"), reason=body.reason
         )
     except BulkRefused as exc:
@@ -227,9 +221,9 @@ async def decide_many(body: BulkBody, request: Request, who: Answerer) -> BulkDo
 @router.get("/requests/{request_id}/decisions", responses=refusals(404))
 async def decisions(request_id: str, request: Request, who: Reader) -> list[DecisionOut]:
     """Every decision and vote on the request, oldest first (404 for an unknown request)."""
-    client = _client(request)
+    client = client_of(request)
     await stored_request(client, request_id)
-    rows = await asyncio.to_thread(decisions_of, client.db, request_id)
+    rows = await client.store(decisions_of, client.db, request_id)
     return [DecisionOut.of(r) for r in rows]
 
 
@@ -247,9 +241,10 @@ async def audit(
 ) -> AuditPage:
     """The audit trail, newest first, filtered, a page at a time; `nextCursor` carries
     the filters, so `?cursor=` alone gives the next page of the same trail."""
-    rows, more = await asyncio.to_thread(
+    client = client_of(request)
+    rows, more = await client.store.offload(
         list_decisions,
-        _client(request).db,
+        client.db,
         since=since,
         until=until,
         actor=actor,

@@ -13,7 +13,6 @@ jobs that have no run (409 naming the jobs whose prompt changed, unless
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -26,10 +25,10 @@ from pydantic.alias_generators import to_camel
 from api._auth import Reader, Submitter
 from api._errors import refusals
 from api._limits import Keepable
+from api._state import client_of
 from relayq import Budget
 from relayq.agents import get_agent
 from store import batch_results, batch_status, cancel_batch, list_batches, result_of
-from tasks import DurableClient
 
 __all__ = ["MAX_JOBS", "NewBatch", "router"]
 
@@ -69,15 +68,10 @@ class NewBatch(BaseModel):
         return self
 
 
-def _client(request: Request) -> DurableClient:
-    client: DurableClient = request.app.state.client
-    return client
-
-
 @router.post("/batches", status_code=201, responses=refusals(400, 403, 404, 409, 413))
 async def start(body: NewBatch, request: Request, who: Submitter) -> dict[str, Any]:
     """Start the batch's jobs that have no run yet; returns every job's run."""
-    started = await _client(request).start_batch(
+    started = await client_of(request).start_batch(
         get_agent(body.agent),
         [(job.id, job.prompt) for job in body.jobs],
         batch_id=body.batch_id,
@@ -99,8 +93,9 @@ async def batches(
     before: str | None = None,
 ) -> dict[str, Any]:
     """Batches, newest first; `before`: the last id of the page before."""
-    found = await asyncio.to_thread(
-        list_batches, _client(request).db, agent=agent, limit=limit, before=before
+    client = client_of(request)
+    found = await client.store.offload(
+        list_batches, client.db, agent=agent, limit=limit, before=before
     )
     now = datetime.now(UTC)
     return {"items": [b.to_wire(now) for b in found]}
@@ -108,14 +103,16 @@ async def batches(
 
 @router.get("/batches/{batch_id}", responses=refusals(404))
 async def status(batch_id: str, request: Request, who: Reader) -> dict[str, Any]:
-    found = await asyncio.to_thread(batch_status, _client(request).db, batch_id)
+    client = client_of(request)
+    found = await client.store(batch_status, client.db, batch_id)
     return found.to_wire(datetime.now(UTC))
 
 
 @router.post("/batches/{batch_id}/cancel", responses=refusals(403, 404))
 async def cancel(batch_id: str, request: Request, who: Submitter) -> dict[str, Any]:
     """Cancel every unfinished run; `cancelled` counts them by the status they were in."""
-    asked = await asyncio.to_thread(cancel_batch, _client(request).db, batch_id)
+    client = client_of(request)
+    asked = await client.store(cancel_batch, client.db, batch_id)
     return {"id": batch_id, "cancelled": dict(asked)}
 
 
@@ -130,6 +127,7 @@ _LINES = {
 )
 async def results(batch_id: str, request: Request, who: Reader) -> Response:
     """One JSON line per job, in the input's order: {id, run_id, status, text, error}."""
-    rows = await asyncio.to_thread(batch_results, _client(request).db, batch_id)
+    client = client_of(request)
+    rows = await client.store.offload(batch_results, client.db, batch_id)
     lines = (json.dumps(result_of(r), ensure_ascii=False) for r in rows)
     return Response("".join(f"{line}\n" for line in lines), media_type="application/x-ndjson")

@@ -20,6 +20,7 @@ from sqlmodel import col, select
 
 from store import Database, RequestRow, RunRow
 from store.models import utcnow
+from tasks import DurableClient
 
 __all__ = ["Watcher", "event_stream"]
 
@@ -108,16 +109,17 @@ def _request_event(row: RequestRow) -> dict[str, Any]:
 
 
 async def event_stream(
-    db: Database, *, run_id: str | None = None, interval: float = 0.5
+    client: DurableClient, *, run_id: str | None = None, interval: float = 0.5
 ) -> AsyncIterator[ServerSentEvent]:
     """`ready` once the first poll has set the baseline, then `run` and `request` events.
 
-    Ends when the client disconnects: the response cancels this generator.
+    Ends when the client disconnects: the response cancels this generator. Each poll
+    reads every open request: on a thread, whatever the store.
     """
-    watcher = Watcher(db, run_id=run_id)
-    await asyncio.to_thread(watcher.poll)
+    watcher = Watcher(client.db, run_id=run_id)
+    await client.store.offload(watcher.poll)
     yield ServerSentEvent(event="ready", data={"runId": run_id}, retry=2000)
     while True:
         await asyncio.sleep(interval)
-        for event in await asyncio.to_thread(watcher.poll):
+        for event in await client.store.offload(watcher.poll):
             yield event

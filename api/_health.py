@@ -10,7 +10,7 @@ than which part failed and the error's type.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -52,7 +52,10 @@ async def readyz(request: Request) -> JSONResponse:
     state: Any = request.app.state
     client: DurableClient = state.client
     broker: BrokerView = state.ready_broker
-    store, ping = await asyncio.gather(_probe(store_answers, client.db), _probe(broker.ping))
+    store, ping = await asyncio.gather(
+        _probe(client.store.offload(store_answers, client.db)),
+        _probe(asyncio.to_thread(broker.ping)),  # a broker call, not the store's: its own thread
+    )
     body = {
         "status": "ready" if store == ping == "ok" else "unready",
         "store": store,
@@ -61,10 +64,10 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
 
 
-async def _probe(check: Callable[..., object], *args: Any) -> str:
+async def _probe(check: Awaitable[object]) -> str:
     """ "ok", or the type of what went wrong (never its message: it may hold a URL)."""
     try:
-        await asyncio.wait_for(asyncio.to_thread(check, *args), PROBE_TIMEOUT)
+        await asyncio.wait_for(check, PROBE_TIMEOUT)
     except TimeoutError:
         return "timeout"
     except Exception as exc:

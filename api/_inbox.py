@@ -28,7 +28,7 @@ from fastapi.templating import Jinja2Templates
 from api._auth import Permission, Principal, Tokens, forbidden, refuse_tokens_in_url, unauthorized
 from api._events import event_stream
 from api._security import Signer
-from tasks import DurableClient
+from api._state import client_of
 
 __all__ = [
     "COOKIE",
@@ -38,7 +38,6 @@ __all__ = [
     "LOGIN_COOKIE",
     "Answering",
     "Viewing",
-    "client_of",
     "login_page",
     "page_session",
     "redirect_after",
@@ -81,11 +80,6 @@ templates.env.autoescape = True
 _HEADERS = {"Cache-Control": "no-store"}
 
 router = APIRouter(include_in_schema=False)
-
-
-def client_of(request: Request) -> DurableClient:
-    client: DurableClient = request.app.state.client
-    return client
 
 
 def _signer(request: Request) -> Signer:
@@ -265,7 +259,7 @@ async def events(request: Request, who: Viewing) -> AsyncIterator[ServerSentEven
     state: Any = request.app.state
     state.event_streams += 1
     try:
-        async for event in event_stream(client_of(request).db):
+        async for event in event_stream(client_of(request)):
             yield event
     finally:
         state.event_streams -= 1

@@ -16,7 +16,6 @@ out the requests that are not approvals, and says so.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Annotated, Any, Literal
 
@@ -27,10 +26,11 @@ from starlette.datastructures import FormData
 from api._answers import answer_request, approval, stored_request
 from api._approvals import decider_of
 from api._auth import Principal
-from api._inbox import Answering, client_of, redirect_after, render
+from api._inbox import Answering, redirect_after, render
 from api._inbox_lists import Filters
 from api._inbox_pages import request_context
 from api._inbox_views import fields_of, item_of
+from api._state import client_of
 from relayq import Answer, BulkRefused, ResumeError
 from relayq.approvals import decline, edit
 from store import BadQuery, StoredRequest, get_requests
@@ -175,17 +175,17 @@ async def bulk_preview(request: Request, who: Answering) -> Response:
     if action is None:
         return _bulk_page(request, who, "approve", [], filters, status=422, error="unknown action")
     decision, scope = action
-    db = client_of(request).db
+    client = client_of(request)
     if scope == "selected":
         ids = [str(v) for v in form.getlist("ids")]
         if not ids:
             error = "Select the requests to decide first (or decide all that match the filter)."
             return _bulk_page(request, who, decision, [], filters, status=422, error=error)
-        found = await asyncio.to_thread(get_requests, db, ids[:MAX_BULK])
+        found = await client.store(get_requests, client.db, ids[:MAX_BULK])
         chosen = [found[i] for i in ids if i in found and found[i].status == "open"]
         return _bulk_page(request, who, decision, chosen, filters)
     query = filters.query(history=False)
-    choice = await asyncio.to_thread(bulk_choice, db, query, _decision(decision))
+    choice = await client.store.offload(bulk_choice, client.db, query, _decision(decision))
     return _bulk_page(request, who, decision, choice.items, filters, choice=choice)
 
 
@@ -213,7 +213,7 @@ async def bulk_decide(
         error = "this form is not a bulk decision's preview; nothing was decided"
         return _bulk_page(request, who, "approve", [], filters, status=422, error=error)
     if decision == "decline" and not reason.strip():
-        found = await asyncio.to_thread(get_requests, client.db, list(revisions))
+        found = await client.store(get_requests, client.db, list(revisions))
         chosen = [found[i] for i in revisions if i in found]
         error = "Declining takes a reason (the model is told it); nothing was decided."
         return _bulk_page(
@@ -227,7 +227,7 @@ async def bulk_decide(
             reason=reason.strip() or None,
         )
     except BulkRefused as exc:
-        found = await asyncio.to_thread(get_requests, client.db, list(revisions))
+        found = await client.store(get_requests, client.db, list(revisions))
         chosen = [found[i] for i in revisions if i in found]
         refused = dict(exc.refused)
         error = (

@@ -9,7 +9,6 @@ bookmarked, shared, and reloaded by `inbox.js` when something changes.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -20,8 +19,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from api._auth import Principal
-from api._inbox import client_of, page_session, render
+from api._inbox import page_session, render
 from api._inbox_views import item_of
+from api._state import client_of
 from relayq.agents import registered_agents
 from store import BadQuery, Page, RequestQuery, StoredRequest, query_requests
 from store.answers import MAX_BULK
@@ -152,7 +152,8 @@ def _size(text: str) -> int | None:
 
 
 async def fetch_page(request: Request, query: RequestQuery) -> Page[StoredRequest]:
-    return await asyncio.to_thread(query_requests, client_of(request).db, query)
+    client = client_of(request)
+    return await client.store.offload(query_requests, client.db, query)
 
 
 async def _list(request: Request, *, history: bool) -> Response:

@@ -10,7 +10,6 @@ answer) sees it read-only; their posts are refused with 403 anyway.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,8 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from api._auth import Permission, Principal
-from api._inbox import client_of, page_session, render
+from api._inbox import page_session, render
 from api._inbox_views import fields_of, item_of, message_of, when
+from api._state import client_of
 from relayq import ResumeError
 from relayq.approvals import is_approval
 from store import (
@@ -61,7 +61,8 @@ def may_decide(who: Principal, stored: StoredRequest) -> tuple[bool, str]:
 
 async def request_context(request: Request, who: Principal, request_id: str) -> dict[str, Any]:
     """Everything a request's page shows; ResumeError (UnknownRequest) for no such request."""
-    db = client_of(request).db
+    client = client_of(request)
+    db = client.db
 
     def read() -> dict[str, Any]:
         stored = get_request(db, request_id)
@@ -77,7 +78,7 @@ async def request_context(request: Request, who: Principal, request_id: str) -> 
             "decisions": decisions_of(db, request_id),
         }
 
-    found = await asyncio.to_thread(read)
+    found = await client.store.offload(read)
     stored: StoredRequest = found["stored"]
     view = found["view"]
     allowed, why = may_decide(who, stored)
@@ -167,7 +168,8 @@ async def run_page(run_id: str, request: Request) -> Response:
     if not isinstance(who, Principal):
         return who
     start = request.query_params.get("start", "")
-    db = client_of(request).db
+    client = client_of(request)
+    db = client.db
 
     def read() -> tuple[Any, list[StoredRequest], list[DecisionRow]]:
         first = int(start) if start.isascii() and start.isdigit() else None
@@ -176,7 +178,7 @@ async def run_page(run_id: str, request: Request) -> Response:
         return view, stored, decisions_of(db, [s.request.id for s in stored])
 
     try:
-        view, stored, decisions = await asyncio.to_thread(read)
+        view, stored, decisions = await client.store.offload(read)
     except UnknownRun as exc:
         return render(request, who, "missing.html", {}, status=404, error=str(exc))
     before = max(view.start - WINDOW, 0) if view.start > 0 else None
@@ -201,6 +203,7 @@ async def batches_page(request: Request) -> Response:
     who = page_session(request)
     if not isinstance(who, Principal):
         return who
-    found = await asyncio.to_thread(list_batches, client_of(request).db, limit=BATCHES)
+    client = client_of(request)
+    found = await client.store.offload(list_batches, client.db, limit=BATCHES)
     now = datetime.now(UTC)
     return render(request, who, "batches.html", {"batches": [b.to_wire(now) for b in found]})

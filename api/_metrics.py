@@ -27,6 +27,7 @@ from prometheus_client.exposition import choose_encoder
 
 from api._auth import refuse_tokens_in_url, unauthorized
 from api._errors import refusals
+from api._state import client_of
 from relayq.agents import registered_agents
 from relayq.ratelimit import ProviderLimits
 from tasks import DurableClient
@@ -99,7 +100,7 @@ async def metrics(request: Request) -> Response:
     _check_token(request)
     gauges: StoreGauges = request.app.state.store_gauges
     # The store and the broker are read on a thread: a slow one never stalls the API.
-    read = await asyncio.to_thread(lambda: list(gauges.collect()))
+    read = await client_of(request).store.offload(lambda: list(gauges.collect()))
     # The format the scraper asks for (OpenMetrics, or the text format), as
     # prometheus_client's own server chooses it.
     encode, content_type = choose_encoder(request.headers.get("accept", ""))

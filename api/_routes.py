@@ -18,6 +18,7 @@ from api._auth import Answerer, Reader, Submitter
 from api._errors import refusals
 from api._events import event_stream
 from api._limits import Keepable
+from api._state import client_of
 from relayq import Budget, RunResult
 from relayq.agents import get_agent
 from store import BadQuery, RequestPage, StoredRequest
@@ -25,7 +26,6 @@ from store.paging import DEFAULT_PAGE, MAX_PAGE
 from store.queries import RunSummary
 from store.requests import RequestSort, SortOrder, age_of, read_statuses
 from store.transitions import RunStatus
-from tasks import DurableClient
 
 __all__ = ["router"]
 
@@ -62,11 +62,6 @@ class Cancelled(_Camel):
     """`cancelled`, a finished status, or `running` until the run's next boundary."""
 
 
-def _client(request: Request) -> DurableClient:
-    client: DurableClient = request.app.state.client
-    return client
-
-
 router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 422, 503))
 
 
@@ -79,7 +74,7 @@ async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
     NUL character, a lone surrogate).
     """
     # Refusals (UnknownAgent, InputTooLarge, ...) answer by their type: see api._errors.
-    client = _client(request)
+    client = client_of(request)
     run_id = await client.start(
         get_agent(body.agent),
         body.prompt,
@@ -100,20 +95,20 @@ async def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[RunSummary]:
     """Runs, newest first."""
-    rows = await _client(request).runs(status, agent=agent, limit=limit)
+    rows = await client_of(request).runs(status, agent=agent, limit=limit)
     return [RunSummary.of(r) for r in rows]
 
 
 @router.get("/runs/{run_id}", responses=refusals(404))
 async def get_run(run_id: str, request: Request, who: Reader) -> RunResult:
     """The run as stored, with its transcript (`messages`) and the request it waits on."""
-    return await _client(request).result(run_id)
+    return await client_of(request).result(run_id)
 
 
 @router.post("/runs/{run_id}/cancel", responses=refusals(403, 404, 409))
 async def cancel_run(run_id: str, request: Request, who: Submitter) -> Cancelled:
     """Cancel a run: at once if queued or pending, else at its next boundary."""
-    status = await _client(request).cancel(run_id)
+    status = await client_of(request).cancel(run_id)
     return Cancelled(id=run_id, status=status)
 
 
@@ -167,7 +162,7 @@ async def list_requests(
         if newer_than:
             newer = now - age_of(newer_than, "newer_than")
             created_after = newer if created_after is None else max(created_after, newer)
-        page = await _client(request).requests(
+        page = await client_of(request).requests(
             read_statuses(status),
             agent=agent,
             tool=tool,
@@ -199,7 +194,7 @@ def _known_parameters(request: Request, route: Callable[..., Any]) -> None:
 
 @router.get("/requests/{request_id}", responses=refusals(404))
 async def get_request(request_id: str, request: Request, who: Reader) -> StoredRequest:
-    return await stored_request(_client(request), request_id)
+    return await stored_request(client_of(request), request_id)
 
 
 @router.post("/requests/{request_id}/answer", responses=refusals(400, 403, 404, 409, 413))
@@ -213,7 +208,7 @@ async def answer(
     not fit the request's calls, or holds what the store cannot keep.
     """
     return await answer_request(
-        _client(request),
+        client_of(request),
         body.answer(request_id),
         decider=decider_of(who, "api"),
         partial=body.partial,
@@ -228,7 +223,7 @@ async def events(
     state: Any = request.app.state
     state.event_streams += 1
     try:
-        async for event in event_stream(_client(request).db, run_id=run_id):
+        async for event in event_stream(client_of(request), run_id=run_id):
             yield event
     finally:
         state.event_streams -= 1

@@ -7,7 +7,6 @@ in `os_user`), and says so when it is made.
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 from datetime import UTC, datetime
@@ -107,7 +106,7 @@ def audit(
     """The audit trail, newest first: who decided what, when, through which door."""
 
     async def load(client: DurableClient) -> tuple[list[Any], str | None]:
-        return await asyncio.to_thread(
+        return await client.store.offload(
             list_decisions,
             client.db,
             since=_aware(since),
@@ -201,7 +200,7 @@ def bulk(
 
     async def preview(client: DurableClient) -> BulkChoice:
         # The inbox's "the oldest 1,000 matching" too: one cap, the oldest first.
-        return await asyncio.to_thread(bulk_choice, client.db, query, decision)
+        return await client.store.offload(bulk_choice, client.db, query, decision)
 
     choice = run_with_client(preview)
     found = choice.items

@@ -265,7 +265,7 @@ def batch(
         nonlocal batch_id
         if batch_id is None:
             batch_id = await _batch_named(
-                client.db, agent, known_as, jobs, new=new, restart=restart_changed, err=err
+                client, agent, known_as, jobs, new=new, restart=restart_changed, err=err
             )
             # Named before anything starts: a crash after starting finds the same batch again.
             _save_sidecar(sidecar, agent, batch_id, runs)
@@ -288,7 +288,9 @@ def batch(
             f"{fresh} started, {before} already started"
         )
         if started.started:  # say at once when nothing will take them
-            await asyncio.to_thread(warn_if_no_worker, agent, current, db=client.db, batches=True)
+            await client.store.offload(
+                warn_if_no_worker, agent, current, db=client.db, batches=True
+            )
         return await _watch(client, jobs, runs, output, timeout=timeout, err=err)
 
     states = run_with_client(go, current)
@@ -296,7 +298,7 @@ def batch(
 
 
 async def _batch_named(
-    db: Database,
+    client: DurableClient,
     agent: str,
     name: str,
     jobs: list[Job],
@@ -307,18 +309,19 @@ async def _batch_named(
 ) -> str:
     """The id of the batch `name` to start or resume: the newest of that name unless `new`.
     Exits naming it where that batch has run every job of the file to its end already."""
-    found = None if new else await asyncio.to_thread(find_batch, db, agent=agent, name=name)
+    store, db = client.store, client.db
+    found = None if new else await store.offload(find_batch, db, agent=agent, name=name)
     if found is None:
         return new_id("batch")
     batch_id = found.batch.id
-    prompts = await asyncio.to_thread(batch_prompts, db, batch_id)
+    prompts = await store.offload(batch_prompts, db, batch_id)
     other = next((job for job in jobs if prompts.get(job.key, job.prompt) != job.prompt), None)
     if other is not None and not restart:
         fail(
             f"batch {name!r} ({batch_id}) ran job {other.key!r} with another prompt: "
             "--name or --new for a batch of its own, --restart-changed to run it anew there"
         )
-    ran = {row.job_id: row.status for row in await asyncio.to_thread(batch_results, db, batch_id)}
+    ran = {row.job_id: row.status for row in await store.offload(batch_results, db, batch_id)}
     if other is None and all(ran.get(job.key) in FINISHED for job in jobs):
         statuses = ", ".join(f"{n:,} {s}" for s, n in sorted(Counter(ran.values()).items()))
         every = "its one job" if len(jobs) == 1 else f"all {len(jobs):,} jobs"
@@ -348,7 +351,7 @@ async def _watch(
     started = time.monotonic()
     next_line = started
     deadline = None if timeout is None else started + timeout
-    statuses = await asyncio.to_thread(_statuses, db, ids)
+    statuses = await client.store.offload(_statuses, db, ids)
     at_start = _counts(statuses.values())["finished"]
     told_where = False
     waits: dict[str, asyncio.Future[Any]] = {}
@@ -387,11 +390,11 @@ async def _watch(
                     break
                 moving = [i for i, status in statuses.items() if _can_move(status)]
                 await _next_change(client, moving, waits, _pause(counts, left))
-                statuses = await asyncio.to_thread(_statuses, db, ids)
+                statuses = await client.store.offload(_statuses, db, ids)
     finally:
         for wait in waits.values():
             wait.cancel()
-        states = await asyncio.to_thread(_states, db, ids)
+        states = await client.store.offload(_states, db, ids)
         _write_results(output, jobs, runs, states)
     return states
 

@@ -7,7 +7,6 @@ called anything but `status`, `cancel` or `export`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from datetime import UTC, datetime
@@ -62,7 +61,7 @@ def _wait_of(view: CircuitView) -> dict[str, Any]:
 
 def _load(work: Any) -> Any:
     async def call(client: DurableClient) -> Any:
-        return await asyncio.to_thread(work, client.db)
+        return await client.store.offload(work, client.db)
 
     return run_with_client(call)
 

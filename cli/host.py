@@ -118,7 +118,7 @@ async def follow(
     delay = 0.02
     while True:
         # Settled first, then the result: the result is then at least as recent.
-        status, done = await asyncio.to_thread(settled, client.db, run_id)
+        status, done = await client.store(settled, client.db, run_id)
         result = await client.result(run_id)
         for message in result.messages[shown:]:
             printer.print(message)
@@ -283,9 +283,9 @@ def show(
     ) -> tuple[RunRow, RunResult, list[StoredRequest], StoredRequest | None]:
         asked = None
         if run_id.startswith("req_"):  # ids say what they name (relayq._types.new_id)
-            asked = await asyncio.to_thread(get_request, client.db, run_id)
+            asked = await client.store(get_request, client.db, run_id)
         the_run = run_id if asked is None else asked.run_id
-        row = await asyncio.to_thread(get_run, client.db, the_run)
+        row = await client.store(get_run, client.db, the_run)
         result = await client.result(the_run)
         requests = await client.requests(None, run_id=the_run, all_pages=True)
         return row, result, list(requests), asked
@@ -396,7 +396,7 @@ def answer(
 
     async def submit(client: DurableClient) -> tuple[str, str, str]:
         deciding = approve or bool(edits)
-        known = await asyncio.to_thread(get_request, client.db, request_id)
+        known = await client.store(get_request, client.db, request_id)
         if deciding and not is_approval(known.request):
             fail(_answer_it(request_id, known.request.kind))
         if (output is not None or results is not None) and is_approval(known.request):
@@ -417,7 +417,7 @@ def answer(
             )
         except NotAnApproval as exc:
             fail(_answer_it(request_id, exc.kind))
-        stored = await asyncio.to_thread(get_request, client.db, request_id)
+        stored = await client.store(get_request, client.db, request_id)
         return run_id, stored.status, verb
 
     run_id, status, verb = run_with_client(submit)
@@ -466,7 +466,7 @@ def cancel(run_id: Annotated[str, typer.Argument(help="The run's id.")]) -> None
     """Cancel a run: a queued or pending one stops now, a running one at its next step."""
 
     async def stop(client: DurableClient) -> str:
-        before = await asyncio.to_thread(get_run, client.db, run_id)
+        before = await client.store(get_run, client.db, run_id)
         if before.status in FINISHED:
             fail(f"run {run_id} is already {before.status}; there is nothing to cancel")
         return await client.cancel(run_id)

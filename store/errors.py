@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from relayq import RelayqError
 
-__all__ = ["JobExists", "StaleClaim", "StoreBusy", "StoreUnavailable", "UnknownRun"]
+__all__ = [
+    "JobExists",
+    "StaleClaim",
+    "StoreBusy",
+    "StoreUnavailable",
+    "UnknownRun",
+    "safe_text",
+]
 
 
 class UnknownRun(RelayqError):
@@ -72,3 +79,9 @@ class StoreUnavailable(RelayqError):
 class StoreBusy(StoreUnavailable):
     """SQLite's write lock was taken by another process at that instant, and the call
     asked not to wait for it (`store.db.impatient`): nothing was done."""
+
+
+def safe_text(exc: BaseException) -> str:
+    """An error as a log may show it: a store outage's own words (its address, never its
+    password), else the type alone (a database error's text holds its SQL and parameters)."""
+    return str(exc) if isinstance(exc, StoreUnavailable) else type(exc).__name__

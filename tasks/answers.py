@@ -21,7 +21,7 @@ async def apply_answer(rt: Runtime, request_id: str) -> str:
     error: str | None = None
     try:
         outbox = await rt.patiently(apply_answer_of, rt.db, request_id)
-        await rt.publish(outbox)
+        await rt.dispatch(outbox)
     except BaseException as exc:
         error = type(exc).__name__
         raise

@@ -16,7 +16,6 @@ in-process client returns.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import time
@@ -24,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from celery import Celery
 from pydantic import ValidationError
@@ -60,19 +59,16 @@ from store import (
 )
 from store.answers import Accepted
 from store.audit import Decider
-from store.outbox import mark_published
 from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
 from tasks.broker import redis_url
+from tasks.dispatch import BrokerDispatch, Dispatch
 from tasks.hooks import Hooks, RequestDecided, Sending, hooks_named
-from tasks.publish import batches_changed, send, sender_app
+from tasks.publish import sender_app
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
 from tasks.tracing import Tracing
 from tasks.waiting import RunWaiter, WaitTimeout
-
-if TYPE_CHECKING:
-    from tasks.eager import EagerRuntime
 
 __all__ = ["DurableClient", "WaitTimeout"]
 
@@ -82,11 +78,6 @@ P = ParamSpec("P")
 Waiting = Literal["pushed", "polled"]
 
 log = logging.getLogger(__name__)
-
-MARK_AFTER = 0.2
-"""Seconds a sent message waits to be marked sent, with those sent meanwhile: one write
-for many, and none between a run's start and its first turn. A mark that never comes
-(the process died) costs a duplicate message from the sweeper, which changes nothing."""
 
 
 class DurableClient:
@@ -105,6 +96,10 @@ class DurableClient:
     polls each run on its own instead, every 10 to 250 ms: the old behaviour,
     kept to compare against, and what an eager client or a broker other than
     Redis gets.
+
+    A message a change stored but could not send (the broker did not answer) is
+    logged, or handed to `on_unsent` when given; a worker's sweep sends it once the
+    broker is back.
 
     Store calls run inline on SQLite (each takes a fraction of a millisecond) and
     on threads for a database server, as a worker's do (`tasks.runtime.Runtime.io`).
@@ -143,14 +138,6 @@ class DurableClient:
         self.db = Database(self.settings.database_url)
         migrate(self.db)
         self.eager = eager
-        self._app: Celery | None = None
-        self._inline: EagerRuntime | None = None
-        if eager:
-            from tasks.eager import EagerRuntime
-
-            self._inline = EagerRuntime(self.settings, db=self.db)
-        else:
-            self._app = app or sender_app(self.settings)
         self._wait_for = wait_for
         self._loaded_agents = False
         if waiting not in ("pushed", "polled"):
@@ -161,24 +148,31 @@ class DurableClient:
         """How `result(wait=True)` waits: woken by announcements, or polling each run."""
         self.recheck_every = recheck_every
         """How often every run waited on is read anyway (pushed waiting)."""
-        self.on_unsent = on_unsent
-        """Called, in place of a warning logged for each, with the messages a change stored
-        but could not send (the broker did not answer): a worker's sweep sends them once
-        it is back."""
         self._waiter: RunWaiter | None = None
-        self._unmarked: list[OutboxRow] = []
-        self._marker: asyncio.Task[None] | None = None
         self.inline_store = self.db.is_sqlite
         """Store calls run on the event loop (SQLite) while its lock is free."""
         self._threads: ThreadPoolExecutor | None = None
-        self._store = StoreCalls(inline=self.inline_store, executor=self._client_threads)
-        self.hooks = (
-            self._inline.hooks
-            if self._inline is not None
-            else Hooks([Tracing(self.db, self._io), *hooks_named(self.settings.hooks)])
-        )
+        self.store = StoreCalls(inline=self.inline_store, executor=self._client_threads)
+        """How this client's store calls run: `await client.store(fn, *args)`, inline for
+        SQLite while its lock is free, else on a thread; `client.store.offload(...)` for
+        those that take long on any store (`tasks.storeio`)."""
+        self._app: Celery | None = None
+        self.hooks: Hooks
         """What watches this host's sends and decisions (`tasks.hooks`): relayq's traces and
         the hooks `RELAYQ_HOOKS` names; an eager client's runtime's, which see its turns too."""
+        self._dispatch: Dispatch
+        """Where the messages of this client's changes go: to the broker, or run here."""
+        if eager:
+            from tasks.eager import EagerRuntime
+
+            runtime = EagerRuntime(self.settings, db=self.db)
+            self.hooks, self._dispatch = runtime.hooks, runtime.dispatch
+        else:
+            self._app = sender = app or sender_app(self.settings)
+            self.hooks = Hooks([Tracing(self.db, self.store), *hooks_named(self.settings.hooks)])
+            self._dispatch = BrokerDispatch(
+                lambda: sender, self.db, self.store, on_unsent=on_unsent
+            )
 
     @property
     def app(self) -> Celery:
@@ -194,11 +188,6 @@ class DurableClient:
             self._threads = ThreadPoolExecutor(8, thread_name_prefix="relayq-client")
         return self._threads
 
-    async def _io(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """A store call: inline for SQLite while its lock is free, else on a thread
-        (`tasks.storeio`)."""
-        return await self._store(fn, *args, **kwargs)
-
     async def _decided(
         self, decisions: Iterable[tuple[Answer, Accepted]], *, since: int, via: str
     ) -> None:
@@ -210,46 +199,11 @@ class DurableClient:
             await self.hooks.emit("after_request_decided", event)
 
     async def _publish(self, rows: Iterable[OutboxRow]) -> int:
-        """Send the messages a change wrote; in eager mode, run them here and now. Returns
-        how many went to the broker."""
+        """Dispatch the messages a change wrote (in eager mode: run them here and now).
+        Returns how many went to the broker."""
         rows = list(rows)
         await self.hooks.emit("before_send", Sending(rows))  # a new run's trace starts here
-        if self._inline is not None:
-            await self._inline.publish(rows)
-            return 0
-        if not rows:
-            return 0
-        # The broker on a thread: a send may wait out a reconnection.
-        sent = await asyncio.to_thread(send, self.app, rows, quiet=self.on_unsent is not None)
-        if self.on_unsent is not None and len(sent) < len(rows):
-            went = {id(row) for row in sent}
-            self.on_unsent([row for row in rows if id(row) not in went])
-        self._unmarked.extend(sent)
-        if self._unmarked and (self._marker is None or self._marker.done()):
-            self._marker = asyncio.get_running_loop().create_task(self._mark_soon())
-        return len(sent)
-
-    async def _mark_soon(self) -> None:
-        await asyncio.sleep(MARK_AFTER)
-        sent, self._unmarked = self._unmarked, []
-        try:
-            await self._io(mark_published, self.db, sent)
-        except Exception as exc:  # a sweep sends them again; the duplicates change nothing
-            log.warning("could not mark %d messages sent: %s", len(sent), type(exc).__name__)
-
-    def _mark_now(self) -> None:
-        """At close: mark what was sent and not marked yet."""
-        marker = self._marker
-        if marker is not None and not marker.done():
-            with contextlib.suppress(RuntimeError):  # no loop here: it ends with its own
-                if marker.get_loop() is asyncio.get_running_loop():
-                    marker.cancel()
-        sent, self._unmarked = self._unmarked, []
-        if sent:
-            try:
-                mark_published(self.db, sent)
-            except Exception as exc:
-                log.warning("could not mark %d messages sent: %s", len(sent), type(exc).__name__)
+        return await self._dispatch(rows)
 
     async def start(
         self,
@@ -277,7 +231,7 @@ class DurableClient:
             agent=name, prompts=[prompt], conversation_id=conversation_id, max_bytes=limit
         )
         run_id = new_id("run")
-        row = await self._io(
+        row = await self.store(
             create_run,
             self.db,
             run_id=run_id,
@@ -316,7 +270,7 @@ class DurableClient:
         name, digest, queue = await self._agent(agent)
         check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
         runs = [(new_id("run"), prompt) for prompt in prompts]
-        rows = await self._store.offload(
+        rows = await self.store.offload(
             create_runs,
             self.db,
             agent=name,
@@ -367,7 +321,7 @@ class DurableClient:
             went += asyncio.run_coroutine_threadsafe(self._publish(rows), loop).result()
 
         # On a thread whatever the store: a start of many chunks takes seconds.
-        started = await self._store.offload(
+        started = await self.store.offload(
             start_batch,
             self.db,
             agent=agent_name,
@@ -385,7 +339,7 @@ class DurableClient:
         )
         if went:
             # Not when nothing went: a broker that is down would only be waited for again.
-            await asyncio.to_thread(batches_changed, self.app)
+            await self._dispatch.batches_changed()
         return started
 
     async def _agent(self, agent: Agent | str) -> tuple[str, str | None, str | None]:
@@ -395,8 +349,7 @@ class DurableClient:
         known = agent if isinstance(agent, Agent) else self._known(name)
         if known is None:
             return name, None, None
-        if self._inline is not None:
-            self._inline.adopt(known)
+        self._dispatch.serve(known)
         return name, (await known.toolkit()).digest(), known.queue
 
     def _known(self, name: str) -> Agent | None:
@@ -420,7 +373,7 @@ class DurableClient:
         """
         if wait:
             await self._settle(run_id, timeout)
-        return await self._io(run_result, self.db, run_id)
+        return await self.store(run_result, self.db, run_id)
 
     async def settled(self, run_id: str, *, timeout: float | None = None) -> None:
         """Return once the run is done, pending, failed or cancelled, reading nothing else:
@@ -438,7 +391,7 @@ class DurableClient:
         status = "unknown"
         while True:
             try:
-                status, done = await self._io(settled, self.db, run_id)
+                status, done = await self.store(settled, self.db, run_id)
             except StoreUnavailable:
                 done = False  # an outage ends no wait (as for a pushed one: `tasks.waiting`)
             if done:
@@ -468,7 +421,7 @@ class DurableClient:
             if self._waiter is not None:
                 self._waiter.close()
             seconds = self.recheck_every.total_seconds()
-            self._waiter = RunWaiter(self.settings, self.db, self._io, recheck=seconds)
+            self._waiter = RunWaiter(self.settings, self.db, self.store, recheck=seconds)
         return self._waiter
 
     def _listening(self) -> int | None:
@@ -481,7 +434,7 @@ class DurableClient:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             await self._settle(run_id, left, since)
-            res = await self._io(run_result, self.db, run_id)
+            res = await self.store(run_result, self.db, run_id)
             if res.status != "pending" or self._wait_for is None or res.pending is None:
                 return res
             answer = self._wait_for(res.pending)
@@ -535,7 +488,7 @@ class DurableClient:
             cursor=cursor,
         )
         listing = all_requests if all_pages else query_requests
-        return await self._io(listing, self.db, query)
+        return await self.store(listing, self.db, query)
 
     async def submit_answer(
         self,
@@ -568,7 +521,7 @@ class DurableClient:
         who = decider.name if decider is not None else answered_by
         check_answer(reply, answered_by=who, max_bytes=self.settings.max_answer_bytes)
         since = time.time_ns()
-        accepted = await self._io(
+        accepted = await self.store(
             accept_answer,
             self.db,
             reply,
@@ -601,7 +554,7 @@ class DurableClient:
             check_answer(reply, answered_by=decider.name, max_bytes=self.settings.max_answer_bytes)
         seen = revisions or {}
         since = time.time_ns()
-        accepted = await self._io(
+        accepted = await self.store(
             accept_many, self.db, [(r, seen.get(r.id)) for r in replies], decider=decider
         )
         await self._decided(zip(replies, accepted, strict=True), since=since, via=decider.via)
@@ -627,7 +580,7 @@ class DurableClient:
         """
         if decision == "decline" and not (reason or "").strip():
             raise BulkRefused(tuple((rid, "declining takes a reason") for rid in revisions))
-        stored = await self._io(get_requests, self.db, list(revisions))
+        stored = await self.store(get_requests, self.db, list(revisions))
         refused = [
             (rid, f"no request {rid}" if rid not in stored else f"{rid} is not an approval")
             for rid in revisions
@@ -665,25 +618,23 @@ class DurableClient:
         self, status: str | None = None, *, agent: str | None = None, limit: int = 100
     ) -> list[RunRow]:
         """Stored runs, newest first."""
-        return await self._io(list_runs, self.db, status=status, agent=agent, limit=limit)
+        return await self.store(list_runs, self.db, status=status, agent=agent, limit=limit)
 
     async def cancel(self, run_id: str) -> str:
         """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""
-        status = await self._io(cancel_run, self.db, run_id)
+        status = await self.store(cancel_run, self.db, run_id)
         if self._waiter is not None and self._waiter.loop is asyncio.get_running_loop():
             self._waiter.wake([run_id])  # no worker announces a cancel made here
         return status
 
     def close(self) -> None:
-        self._mark_now()
+        self._dispatch.close()
         if self._waiter is not None:
             self._waiter.close()
             self._waiter = None
         if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None
-        if self._inline is not None:
-            self._inline.close()
         self.db.dispose()
         if self._app is not None:
             self._app.close()

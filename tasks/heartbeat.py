@@ -20,7 +20,8 @@ import os
 import threading
 import time
 
-from store import Database, StoreUnavailable, beat
+from store import Database, beat
+from store.errors import safe_text
 from store.workers import HOSTNAME
 
 __all__ = ["Heartbeat"]
@@ -82,8 +83,7 @@ class Heartbeat:
         except Exception as exc:  # the next beat tries again; a stale beat counts for nothing
             self._late_at = time.monotonic()
             if not self._failing:
-                why = exc if isinstance(exc, StoreUnavailable) else type(exc).__name__
-                log.warning("could not write the heartbeat: %s", why)
+                log.warning("could not write the heartbeat: %s", safe_text(exc))
             self._failing = True
             if first:
                 raise

@@ -51,7 +51,7 @@ def cancel_run(self: Task, run_id: str) -> str:
 
 async def _wake(rt: Runtime, run_ids: list[str]) -> str:
     rows = await rt.io(resend_turns, rt.db, run_ids)
-    await rt.publish(rows)
+    await rt.dispatch(rows)
     return f"woke {len(rows)} of {len(run_ids)} runs"
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import functools
 import logging
 import os
 import random
@@ -37,23 +36,23 @@ from relayq.agents import Agent, UnknownAgent, load_agents, registered_agents
 from relayq.retry import backoff
 from store import (
     Database,
-    OutboxRow,
     StoreUnavailable,
     forget_worker,
     migrate,
     sweep,
 )
 from store.batch_queues import active_batch_queues
+from store.errors import safe_text
 from store.maintenance import SweepReport
-from store.outbox import ANSWER_QUEUE, TURN_QUEUE, mark_published, sent_at
+from store.outbox import ANSWER_QUEUE, TURN_QUEUE, sent_at
 from store.workers import HOSTNAME
 from tasks.announce import RunAnnouncer
 from tasks.broker import QueuePeek
+from tasks.dispatch import BrokerDispatch, Dispatch
 from tasks.heartbeat import Heartbeat
 from tasks.hooks import Hooks, RunHooks, hooks_named
 from tasks.metrics import Metrics
-from tasks.outgoing import Outgoing
-from tasks.publish import send, sender_app
+from tasks.publish import sender_app
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
 from tasks.tracing import Tracing
@@ -99,9 +98,6 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(io_threads, thread_name_prefix="relayq-io")
         self.loop.set_default_executor(self.executor)
-        # Sending to the broker gets a thread of its own: it must not wait behind the
-        # store. One: the loop hands it a batch at a time (`tasks.outgoing`).
-        self.broker = ThreadPoolExecutor(1, thread_name_prefix="relayq-send")
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="relayq-loop", daemon=True
         )
@@ -188,8 +184,8 @@ class Runtime:
         self.app: Celery | None = None
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
-        self._sent: list[OutboxRow] = []
-        self._outgoing: Outgoing | None = None
+        self.dispatch = self._make_dispatch()
+        """Where the messages of this process's changes go (`tasks.dispatch`)."""
         self.working = Working()
         """Runs a task of this process is claiming or holding (`Working`)."""
         self.transcripts = Transcripts()
@@ -215,6 +211,9 @@ class Runtime:
         )
         """What watches the runs' work (`tasks.hooks`): relayq's metrics and traces, the
         caller's `hooks`, then those `RELAYQ_HOOKS` names."""
+
+    def _make_dispatch(self) -> Dispatch:
+        return BrokerDispatch(lambda: self.sender, self.db, self.io)
 
     @property
     def loop(self) -> LoopThread:
@@ -248,7 +247,7 @@ class Runtime:
             return cls._current
 
     def start_background(self) -> None:
-        """Heartbeats, sent-marks and sweeps, on the loop, for the life of the process.
+        """Heartbeats, sweeps and webhook deliveries, on the loop, for the life of the process.
 
         The first heartbeat is written before this returns, so no claim of this
         process is ever seen without one.
@@ -258,7 +257,6 @@ class Runtime:
         self.heartbeat.start()
         self._background = True
         atexit.register(self._forget)
-        asyncio.run_coroutine_threadsafe(self._mark_sent_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._sweep_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._deliver_forever(), self.loop.loop)
 
@@ -270,37 +268,6 @@ class Runtime:
         except Exception as exc:  # the heartbeat's timeout does it later
             log.warning("could not sign the worker off: %s", type(exc).__name__)
 
-    async def publish(self, rows: list[OutboxRow]) -> None:
-        """Send outbox rows now; mark them sent in the next batch (one transaction for many).
-
-        A row whose mark is lost is sent again by a sweep; its duplicate finds
-        the run moved on and does nothing.
-        """
-        if not rows:
-            return
-        if self._outgoing is None:
-            self._outgoing = Outgoing(functools.partial(send, self.sender), self.loop.broker)
-        await self.mark_sent(await self._outgoing(rows))
-
-    async def mark_sent(self, rows: list[OutboxRow]) -> None:
-        """Mark outbox rows sent: in the next batch when the background runs, else now."""
-        if self._background:
-            self._sent.extend(rows)
-        elif rows:
-            await self.io(mark_published, self.db, rows)
-
-    async def _mark_sent_forever(self) -> None:
-        while True:
-            await asyncio.sleep(0.2)
-            batch, self._sent = self._sent, []
-            if batch:
-                try:
-                    await self.io(mark_published, self.db, batch)
-                except Exception as exc:
-                    # Kept for the next round: unmarked, a sweep would send them all again.
-                    self._sent[:0] = batch
-                    log.warning("could not mark %d messages sent: %s", len(batch), _why(exc))
-
     async def _sweep_forever(self) -> None:
         # Every worker sweeps (from its start, then with jitter), so no run waits
         # on a beat process for its lost message or dead worker.
@@ -308,7 +275,7 @@ class Runtime:
             try:
                 await self.sweep()
             except Exception as exc:
-                log.warning("sweep failed: %s", _why(exc))
+                log.warning("sweep failed: %s", safe_text(exc))
             await asyncio.sleep(self.settings.sweep_every * random.uniform(0.8, 1.2))
 
     async def _deliver_forever(self) -> None:
@@ -329,7 +296,7 @@ class Runtime:
             working=self.working.runs,
             heartbeats_steady=self.heartbeat.steady,
         )
-        await self.publish(report.outbox)
+        await self.dispatch(report.outbox)
         return report
 
     def _waiting(self) -> dict[str, datetime | None] | None:
@@ -433,9 +400,3 @@ class Runtime:
             raise RuntimeError("a task body deferred its work to a caller that cannot wake it")
         result: T = pool.switch()
         return result
-
-
-def _why(exc: BaseException) -> str:
-    """An error as the log shows it: a store outage's own words (its address, no password),
-    else the type alone (a database error's text holds its SQL)."""
-    return str(exc) if isinstance(exc, StoreUnavailable) else type(exc).__name__

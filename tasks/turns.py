@@ -472,7 +472,7 @@ async def _drive(rt: Runtime, claim: Claim) -> Outcome:
     if turn.status == "next":
         # The next turn's message claims the run at the version this one leaves it at.
         rt.transcripts.keep(run_id, claim.version + 1, turn.messages)
-    await rt.publish(outbox)
+    await rt.dispatch(outbox)
     return Outcome(TurnOutcome(turn.status), turn.status, turn=turn)
 
 
@@ -576,7 +576,7 @@ async def _resend(rt: Runtime, task: TaskRef | None, outcome: Outcome) -> None:
     if row is None:
         return
     if task is None:
-        await rt.publish([row])
+        await rt.dispatch([row])
     else:
         # Re-sent as a retry of the same task (same id, retries + 1), as Celery's own
         # retry does; the outbox row stands in case this send is lost.
@@ -592,7 +592,7 @@ async def _resend(rt: Runtime, task: TaskRef | None, outcome: Outcome) -> None:
             kwargsrepr="{}",
         )
         await rt.io(retry.apply_async)
-        await rt.mark_sent([row])
+        await rt.dispatch.mark([row])
 
 
 # -- budgets: before the model is called, the run's budget and its batch's are checked

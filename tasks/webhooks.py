@@ -46,6 +46,7 @@ from store.webhooks import (
     fan_out,
     record,
 )
+from tasks.storeio import StoreCalls
 from tasks.webhook_endpoints import (
     DEFAULT_PUBLIC_URL,
     Endpoint,
@@ -238,7 +239,8 @@ class WebhookSender:
         """Requests in flight at once, and so the size of a claimed batch."""
         self.lease = timeout * 2 + timedelta(seconds=30)
         """A batch is sent within one timeout; the rest is slack for recording it."""
-        self.io: Io = io or _in_thread
+        self.io: Io = io or StoreCalls(inline=db.is_sqlite, executor=lambda: None)
+        """How store calls run: the owner's (a worker's runtime), else as `tasks.storeio` does."""
         self._client: httpx.AsyncClient | None = None
 
     @classmethod
@@ -359,10 +361,6 @@ class _HideUrls(logging.Filter):
         if isinstance(record.args, tuple):
             record.args = tuple(self.names.get(str(a), a) for a in record.args)
         return True
-
-
-async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 def _retry_after(value: str | None) -> timedelta | None:
