@@ -31,7 +31,7 @@ from api._limits import Keepable
 from api._state import client_of
 from relayq import Answer, BulkRefused, NotAnApproval, ResumeError
 from relayq.approvals import approve, decline, edit
-from store import Decider, StoredRequest, decisions_of, list_decisions
+from store import AuditQuery, Decider, StoredRequest, decisions_of, list_decisions
 from store.answers import MAX_BULK
 from store.models import DecisionRow
 
@@ -242,9 +242,7 @@ async def audit(
     """The audit trail, newest first, filtered, a page at a time; `nextCursor` carries
     the filters, so `?cursor=` alone gives the next page of the same trail."""
     client = client_of(request)
-    rows, more = await client.store.offload(
-        list_decisions,
-        client.db,
+    query = AuditQuery(
         since=since,
         until=until,
         actor=actor,
@@ -253,4 +251,5 @@ async def audit(
         cursor=cursor,
         limit=limit,
     )
+    rows, more = await client.store.offload(list_decisions, client.db, query)
     return AuditPage(items=[DecisionOut.of(r) for r in rows], next_cursor=more)

@@ -18,7 +18,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tasks import DurableClient
-from tasks.gauges import BrokerView, store_answers
+from tasks.observability.gauges import BrokerView, store_answers
 
 __all__ = ["PROBE_TIMEOUT", "router"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, get_args
 from urllib.parse import urlencode
 
@@ -106,12 +106,6 @@ class Filters:
     def query(
         self, *, history: bool, cursor: str | None = None, limit: int | None = None
     ) -> RequestQuery:
-        now = datetime.now(UTC)
-        created_before = created_after = None
-        if self.age:
-            created_before = now - age_of(self.age)
-        if self.newer_than:
-            created_after = now - age_of(self.newer_than, "newer_than")
         statuses: str | tuple[str, ...] = "open"
         if history:
             statuses = self.status or HISTORY
@@ -122,12 +116,13 @@ class Filters:
             tool=self.tool or None,
             group=self.group or None,
             search=self.q or None,
-            created_before=created_before,
-            created_after=created_after,
             sort=self.sort,  # type: ignore[arg-type]  # checked in `of`
             order=order,
             limit=limit or self.size,
             cursor=cursor,
+        ).aged(
+            age_of(self.age) if self.age else None,
+            age_of(self.newer_than, "newer_than") if self.newer_than else None,
         )
 
     def params(self) -> dict[str, str]:

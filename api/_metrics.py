@@ -1,6 +1,6 @@
 """`GET /metrics`: Prometheus's text format, of the store and the broker as they are
-now (`tasks.gauges`) and of this process (`tasks.metrics`, prometheus_client's
-default registry: the Python process's own series among them).
+now (`tasks.observability.gauges`) and of this process (`tasks.observability.metrics`,
+prometheus_client's default registry: the Python process's own series among them).
 
 Without `RELAYQ_METRICS_TOKEN` it takes no token, as scrapers expect: serve the
 API where only the scraper reaches `/metrics`, or set the variable, and the
@@ -31,7 +31,7 @@ from api._state import client_of
 from relayq.agents import registered_agents
 from relayq.ratelimit import ProviderLimits
 from tasks import DurableClient
-from tasks.gauges import BrokerView, StoreGauges
+from tasks.observability.gauges import BrokerView, StoreGauges
 from tasks.settings import QUEUES
 
 __all__ = ["METRICS_TOKEN_ENV", "router"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -21,7 +21,7 @@ from api._limits import Keepable
 from api._state import client_of
 from relayq import Budget, RunResult
 from relayq.agents import get_agent
-from store import BadQuery, RequestPage, StoredRequest
+from store import BadQuery, RequestPage, RequestQuery, StoredRequest
 from store.paging import DEFAULT_PAGE, MAX_PAGE
 from store.queries import RunSummary
 from store.requests import RequestSort, SortOrder, age_of, read_statuses
@@ -155,15 +155,8 @@ async def list_requests(
     """
     _known_parameters(request, list_requests)
     try:
-        now = datetime.now(UTC)
-        if older_than:
-            older = now - age_of(older_than, "older_than")
-            created_before = older if created_before is None else min(created_before, older)
-        if newer_than:
-            newer = now - age_of(newer_than, "newer_than")
-            created_after = newer if created_after is None else max(created_after, newer)
-        page = await client_of(request).requests(
-            read_statuses(status),
+        query = RequestQuery(
+            status=read_statuses(status),
             agent=agent,
             tool=tool,
             kind=kind,
@@ -176,7 +169,11 @@ async def list_requests(
             order=order,
             limit=limit,
             cursor=cursor,
+        ).aged(
+            age_of(older_than, "older_than") if older_than else None,
+            age_of(newer_than, "newer_than") if newer_than else None,
         )
+        page = await client_of(request).query_requests(query)
     except BadQuery as exc:  # the caller's query, not the server: 422 with the store's reason
         raise HTTPException(422, str(exc)) from None
     return RequestPage.of(page)

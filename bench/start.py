@@ -40,7 +40,7 @@ from sqlmodel import col, select
 
 from bench.inflight import bench_env, bench_store, drop_postgres, free_port, start_worker
 from bench.inflight import wait_ready as worker_ready
-from store import Database, LedgerRow, RunRow, StoreUnavailable, runs, start_batch
+from store import Database, LedgerRow, RunRow, RunSpec, StoreUnavailable, runs, start_batch
 from tasks import DurableClient, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +128,7 @@ def _start(url: str, jobs: list[tuple[str, str]], chunk: int) -> tuple[float, li
     event.listen(db.engine, "commit", lambda conn: held.append(time.perf_counter() - began[-1]))
     try:
         since = time.perf_counter()
-        start_batch(db, agent="bench", jobs=jobs, started_by="bench", chunk=chunk)
+        start_batch(db, RunSpec("bench", started_by="bench"), jobs, chunk=chunk)
         return time.perf_counter() - since, held
     finally:
         db.dispose()

@@ -39,7 +39,7 @@ from store import Database, OutboxRow, StoreUnavailable
 from store.outbox import ANSWER_TASK, TURN_TASK
 from store.paging import BadQuery
 from store.requests import age_of as read_age
-from tasks.client import DurableClient
+from tasks.host.client import DurableClient
 from tasks.settings import QUEUES, Settings
 
 __all__ = [

@@ -19,7 +19,7 @@ from relayq.agents import DEFAULT_QUEUE, registered_agents
 from store import Database
 from store.models import utcnow
 from store.workers import live_workers
-from tasks.publish import sender_app
+from tasks.broker.publish import sender_app
 from tasks.settings import Settings
 
 __all__ = ["Serving", "ping_broker", "queue_of", "workers_on"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import typer
@@ -32,10 +32,10 @@ from cli.render import plural
 from relayq import Answer, BulkRefused
 from relayq.approvals import approve, arguments_of, edit, is_approval
 from relayq.relay import relay_calls_of
-from store import Decider, RequestQuery, list_decisions
+from store import AuditQuery, Decider, RequestQuery, list_decisions
 from store.answers import MAX_BULK, BulkChoice, bulk_choice
 from store.votes import proposed_arguments
-from tasks.client import DurableClient
+from tasks.host.client import DurableClient
 
 __all__ = ["audit", "bulk", "cli_decider", "decision_answer", "os_user"]
 
@@ -105,18 +105,18 @@ def audit(
 ) -> None:
     """The audit trail, newest first: who decided what, when, through which door."""
 
+    query = AuditQuery(
+        since=_aware(since),
+        until=_aware(until),
+        actor=actor,
+        agent=agent,
+        outcome=outcome,
+        cursor=cursor,
+        limit=limit,
+    )
+
     async def load(client: DurableClient) -> tuple[list[Any], str | None]:
-        return await client.store.offload(
-            list_decisions,
-            client.db,
-            since=_aware(since),
-            until=_aware(until),
-            actor=actor,
-            agent=agent,
-            outcome=outcome,
-            cursor=cursor,
-            limit=limit,
-        )
+        return await client.store.offload(list_decisions, client.db, query)
 
     rows, more = run_with_client(load)
     out = console()
@@ -193,9 +193,8 @@ def bulk(
     """
     _check_bulk(approve_all, decline_reason, filtered=any((agent, tool, group, search, older_than)))
     decision: Literal["approve", "decline"] = "approve" if approve_all else "decline"
-    before = None if older_than is None else datetime.now(UTC) - age_of(older_than)
-    query = RequestQuery(
-        status="open", agent=agent, tool=tool, group=group, search=search, created_before=before
+    query = RequestQuery(status="open", agent=agent, tool=tool, group=group, search=search).aged(
+        None if older_than is None else age_of(older_than)
     )
 
     async def preview(client: DurableClient) -> BulkChoice:

@@ -52,7 +52,7 @@ from store import (
     find_batch,
     result_of,
 )
-from tasks.client import DurableClient
+from tasks.host.client import DurableClient
 
 __all__ = ["Job", "batch", "read_jobs", "sidecar_of"]
 

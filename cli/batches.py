@@ -28,8 +28,8 @@ from store import (
     list_batches,
     result_of,
 )
-from tasks.circuit import CircuitView, batch_waits, since_text
-from tasks.client import DurableClient
+from tasks.broker.circuit import CircuitView, batch_waits, since_text
+from tasks.host.client import DurableClient
 
 __all__ = ["BatchGroup", "batches", "cancel", "export", "status", "status_of"]
 

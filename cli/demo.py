@@ -46,7 +46,7 @@ from cli.render import plural
 from relayq.demo import QUORUM_ABOVE, order_record
 from store.models import FINISHED
 from tasks import Settings
-from tasks.webhooks import verify_signature
+from tasks.webhooks.sender import verify_signature
 from workers.embedded import ensure_embedded_redis, stop_embedded_redis
 
 __all__ = ["main"]
@@ -382,7 +382,7 @@ class Delivery:
 
 class WebhookReceiver:
     """The demo's webhook endpoint: an HTTP server on 127.0.0.1, in a thread of this process,
-    that checks every delivery's signature with `tasks.webhooks.verify_signature`."""
+    that checks every delivery's signature with `tasks.webhooks.sender.verify_signature`."""
 
     def __init__(self, secret: str) -> None:
         self.secret = secret
@@ -477,7 +477,7 @@ def _webhooks(stack: Stack, receiver: WebhookReceiver, runs: list[str]) -> None:
     console.print(
         f"{len(events)} {plural(len(events), 'event')} received so far ("
         + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-        + "), every signature verified with tasks.webhooks.verify_signature"
+        + "), every signature verified with tasks.webhooks.sender.verify_signature"
         + bad
     )
     if not wanted <= {(e.data.get("runId"), e.type) for e in events}:

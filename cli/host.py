@@ -6,7 +6,6 @@ import asyncio
 import json
 import shlex
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -44,6 +43,7 @@ from store import (
     FINISHED,
     Page,
     RequestPage,
+    RequestQuery,
     RunRow,
     StoredRequest,
     get_request,
@@ -55,7 +55,7 @@ from store.queries import RunSummary
 from store.requests import STATUSES as STORED_STATUSES
 from store.requests import RequestSort, SortOrder, read_statuses
 from store.transitions import STATUSES
-from tasks.client import DurableClient, WaitTimeout
+from tasks.host.client import DurableClient, WaitTimeout
 
 __all__ = ["answer", "cancel", "pending", "run", "runs", "show"]
 
@@ -189,29 +189,27 @@ def pending(
     combine; `--status all` lists every status.
     """
     statuses = _request_statuses(status)
-    now = datetime.now(UTC)
-    before = None if older_than is None else now - age_of(older_than)
-    after = None if newer_than is None else now - age_of(newer_than)
     sort_by = cast(RequestSort, _choice(sort, ("age", "agent", "tool"), "--sort"))
     direction = cast(SortOrder, _choice(order, ("asc", "desc"), "--order"))
+    query = RequestQuery(
+        status=statuses,
+        agent=agent,
+        tool=tool,
+        kind=kind,
+        group=group,
+        run_id=run_id,
+        search=search,
+        sort=sort_by,
+        order=direction,
+        limit=limit,
+        cursor=cursor,
+    ).aged(
+        None if older_than is None else age_of(older_than),
+        None if newer_than is None else age_of(newer_than),
+    )
 
     async def load(client: DurableClient) -> Page[StoredRequest]:
-        return await client.requests(
-            statuses,
-            agent=agent,
-            tool=tool,
-            kind=kind,
-            group=group,
-            run_id=run_id,
-            search=search,
-            created_before=before,
-            created_after=after,
-            sort=sort_by,
-            order=direction,
-            limit=limit,
-            cursor=cursor,
-            all_pages=all_pages,
-        )
+        return await client.query_requests(query, all_pages=all_pages)
 
     page = run_with_client(load)
     if as_json:

@@ -44,7 +44,7 @@
     ├── IllegalTransition    a run cannot make that status change (store.transitions)
     ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
     ├── BadHook              not a RunHooks, or a hook name that does not load (tasks.hooks)
-    ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.client)
+    ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.host.client)
     └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)
 
 The API and the CLI choose a status code and a message from an error's type

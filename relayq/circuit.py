@@ -13,7 +13,7 @@ and the error stands at once. Any answer that is not a 5xx closes it: the
 provider is there.
 
 `CircuitModel` drives those steps around any model. The `Circuit` base is the
-no-op (always closed: every error stands); `tasks.circuit.RedisCircuit` keeps the
+no-op (always closed: every error stands); `tasks.broker.circuit.RedisCircuit` keeps the
 state in Redis, so all worker processes share one circuit per provider.
 
     model = CircuitModel(provider_model, circuit, ProviderLimits.of(config))

@@ -9,7 +9,7 @@ A model call under limits goes through a `Limiter`:
     rejected  a 429 or 529: with Retry-After, every caller waits it out
 
 `LimitedModel` drives those steps around any model. The `Limiter` base is the
-no-op (every call goes at once); `tasks.limiter.RedisLimiter` keeps the counts
+no-op (every call goes at once); `tasks.broker.limiter.RedisLimiter` keeps the counts
 in Redis, so all worker processes share them. Calls are spaced evenly rather
 than let through in bursts: at 600 requests per minute, one every 100 ms, so
 any window of t seconds holds at most ceil(t * 600 / 60) of them (as they

@@ -5,7 +5,7 @@ Everything here is plain functions over a `Database`; nothing imports Celery.
 """
 
 from store.answers import Accepted, accept_answer, accept_many, apply_answer_of, expire_requests
-from store.audit import Decider, decisions_of, list_decisions
+from store.audit import AuditQuery, Decider, decisions_of, list_decisions
 from store.batches import (
     BatchStatus,
     JobChanged,
@@ -57,7 +57,7 @@ from store.requests import (
     query_requests,
     request_of,
 )
-from store.runs import cancel_run, create_run, create_runs
+from store.runs import RunSpec, cancel_run, create_run, create_runs
 from store.turns import (
     Charge,
     Claim,
@@ -88,6 +88,7 @@ __all__ = [
     "RunRow",
     "WorkerRow",
     # runs and turns
+    "RunSpec",
     "Charge",
     "Claim",
     "cancel_requested",
@@ -131,6 +132,7 @@ __all__ = [
     "all_requests",
     "query_requests",
     # approvals and the audit trail
+    "AuditQuery",
     "Decider",
     "decisions_of",
     "list_decisions",

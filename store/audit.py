@@ -21,6 +21,7 @@ from store.paging import BadQuery, decode_cursor, encode_cursor
 
 __all__ = [
     "SYSTEM",
+    "AuditQuery",
     "Decider",
     "Outcome",
     "Via",
@@ -95,60 +96,27 @@ def decisions_of(db: Database, request_id: str | Sequence[str]) -> list[Decision
     return sorted(found, key=lambda row: row.id or 0)
 
 
-def list_decisions(
-    db: Database,
-    *,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    actor: str | None = None,
-    agent: str | None = None,
-    outcome: str | None = None,
-    cursor: str | None = None,
-    limit: int = 100,
-) -> tuple[list[DecisionRow], str | None]:
-    """Decisions, newest first, filtered; and the cursor of the next page (None: last).
-
-    Paged by id, which only grows: a page is stable however many rows come in. The
-    cursor carries the filters of its page, as every listing's does (`store.requests`):
-    `--cursor` alone, or `?cursor=` alone, pages on through the same trail.
-    """
-    filters = _AuditFilters(since=since, until=until, actor=actor, agent=agent, outcome=outcome)
-    before_id = None
-    if cursor:
-        before_id, filters = _carried(cursor)
-    query = select(DecisionRow).order_by(col(DecisionRow.id).desc())
-    if filters.since is not None:
-        query = query.where(col(DecisionRow.at) >= filters.since)
-    if filters.until is not None:
-        query = query.where(col(DecisionRow.at) < filters.until)
-    for name in ("actor", "agent", "outcome"):
-        value = getattr(filters, name)
-        if value:  # an empty value is no filter, as in every listing
-            query = query.where(getattr(DecisionRow, name) == value)
-    if before_id is not None:
-        query = query.where(col(DecisionRow.id) < before_id)
-    with db.read() as s:
-        rows = list(s.exec(query.limit(limit + 1)))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    after = None
-    if more and rows:
-        after = encode_cursor([rows[-1].id, filters.to_json()], scope=_AUDIT)
-    return rows, after
-
-
-_AUDIT = "audit"
-
-
 @dataclass(frozen=True, kw_only=True)
-class _AuditFilters:
-    since: datetime | None
-    until: datetime | None
-    actor: str | None
-    agent: str | None
-    outcome: str | None
+class AuditQuery:
+    """Which decisions to list, newest first, and which page of them.
 
-    def to_json(self) -> dict[str, Any]:
+    AuditQuery(actor="carol", since=datetime(2026, 12, 1, tzinfo=UTC))
+    """
+
+    since: datetime | None = None
+    """Decided at or after this moment (an aware datetime)."""
+    until: datetime | None = None
+    """Decided before this moment."""
+    actor: str | None = None
+    agent: str | None = None
+    outcome: str | None = None
+    """approved, edited, declined, answered, expired, escalated or overdue."""
+    cursor: str | None = None
+    """The cursor of the page before, for the page after it; it carries that page's
+    filters, which then stand in for these."""
+    limit: int = 100
+
+    def filters_json(self) -> dict[str, Any]:
         moments = {"since": self.since, "until": self.until}
         return {
             **{k: None if v is None else v.isoformat() for k, v in moments.items()},
@@ -158,7 +126,45 @@ class _AuditFilters:
         }
 
 
-def _carried(cursor: str) -> tuple[int, _AuditFilters]:
+def list_decisions(
+    db: Database, query: AuditQuery | None = None
+) -> tuple[list[DecisionRow], str | None]:
+    """Decisions, newest first, filtered; and the cursor of the next page (None: last).
+
+    Paged by id, which only grows: a page is stable however many rows come in. The
+    cursor carries the filters of its page, as every listing's does (`store.requests`):
+    `--cursor` alone, or `?cursor=` alone, pages on through the same trail.
+    """
+    filters = query or AuditQuery()
+    limit = filters.limit
+    before_id = None
+    if filters.cursor:
+        before_id, filters = _carried(filters.cursor)
+    listing = select(DecisionRow).order_by(col(DecisionRow.id).desc())
+    if filters.since is not None:
+        listing = listing.where(col(DecisionRow.at) >= filters.since)
+    if filters.until is not None:
+        listing = listing.where(col(DecisionRow.at) < filters.until)
+    for name in ("actor", "agent", "outcome"):
+        value = getattr(filters, name)
+        if value:  # an empty value is no filter, as in every listing
+            listing = listing.where(getattr(DecisionRow, name) == value)
+    if before_id is not None:
+        listing = listing.where(col(DecisionRow.id) < before_id)
+    with db.read() as s:
+        rows = list(s.exec(listing.limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    after = None
+    if more and rows:
+        after = encode_cursor([rows[-1].id, filters.filters_json()], scope=_AUDIT)
+    return rows, after
+
+
+_AUDIT = "audit"
+
+
+def _carried(cursor: str) -> tuple[int, AuditQuery]:
     before_id, raw = decode_cursor(cursor, scope=_AUDIT, size=2)
     try:
         if not isinstance(before_id, int) or not isinstance(raw, dict):
@@ -170,6 +176,6 @@ def _carried(cursor: str) -> tuple[int, _AuditFilters]:
             None if raw[k] is None else datetime.fromisoformat(str(raw[k]))
             for k in ("since", "until")
         )
-        return before_id, _AuditFilters(since=since, until=until, **texts)
+        return before_id, AuditQuery(since=since, until=until, **texts)
     except (ValueError, KeyError, TypeError):
         raise BadQuery("bad cursor: its filters are not the audit trail's", "cursor") from None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -39,7 +39,7 @@ from store.models import (
     utcnow,
 )
 from store.outbox import TURN_QUEUE
-from store.runs import CHUNK, cancel_locked, chunked, insert_runs
+from store.runs import CHUNK, RunSpec, cancel_locked, chunked, insert_runs
 
 __all__ = [
     "BatchStatus",
@@ -103,72 +103,51 @@ T = TypeVar("T")
 
 def start_batch(
     db: Database,
-    *,
-    agent: str,
+    spec: RunSpec,
     jobs: list[tuple[str, str]],
-    batch_id: str | None = None,
+    *,
     name: str | None = None,
-    started_by: str | None = None,
     options: dict[str, Any] | None = None,
-    tools_digest: str | None = None,
-    queue: str | None = None,
     restart_changed: bool = False,
-    budget: dict[str, Any] | None = None,
-    run_budget: dict[str, Any] | None = None,
+    batch_budget: dict[str, Any] | None = None,
     chunk: int = CHUNK,
     on_chunk: Callable[[list[OutboxRow]], None] | None = None,
 ) -> Started:
-    """Start the jobs (`(job id, prompt)`, in input order) of batch `batch_id` (a new
-    batch if None or unknown) that have no run yet; the others keep theirs.
+    """Start the jobs (`(job id, prompt)`, in input order) of batch `spec.batch_id` (a new
+    batch if None or unknown) that have no run yet, as `spec` says; the others keep theirs.
 
     JobChanged, starting nothing, for a job whose prompt changed since its run
     started, unless `restart_changed`; or for a batch of another agent.
-    Every turn of the batch's runs goes to the batch's own queue, named from `queue`
-    (the agent's, by default `relayq.turns`) when the batch is new (`store.batch_queues`).
-    `budget` (`relayq.budgets.Budget` wire) is what all the batch's runs together may
-    spend (a rerun's, if given, replaces it); `run_budget` what each run it starts may.
-    `name` is what a new batch is known by (`find_batch`).
+    Every turn of the batch's runs goes to the batch's own queue, named from
+    `spec.queue` (the agent's, by default `relayq.turns`) when the batch is new
+    (`store.batch_queues`). `batch_budget` (`relayq.budgets.Budget` wire) is what all
+    the batch's runs together may spend (a rerun's, if given, replaces it); `spec.budget`
+    what each run it starts may. `name` is what a new batch is known by (`find_batch`).
 
     The jobs start `chunk` at a time, each chunk in a transaction of its own; after
     each commits, `on_chunk` gets its first turns' messages to send (a start that
-    dies between chunks leaves the rest to a rerun with the same `batch_id`).
+    dies between chunks leaves the rest to a rerun with the same batch id).
     """
-    check_run_input(agent=agent, prompts=[prompt for _, prompt in jobs])
+    check_run_input(agent=spec.agent, prompts=[prompt for _, prompt in jobs])
     ids = [job for job, _ in jobs]
     if len(set(ids)) != len(ids):
         raise ValueError("a batch names each job once")
     if chunk < 1:
         raise ValueError(f"a chunk holds at least one job, not {chunk}")
-    batch_id = batch_id or new_id("batch")
-    plan = _retried(
-        partial(
-            _plan,
-            db,
-            agent,
-            jobs,
-            batch_id,
-            started_by,
-            options,
-            queue,
-            restart_changed,
-            budget,
-            name,
-        )
-    )
+    spec = replace(spec, batch_id=spec.batch_id or new_id("batch"))
+    plan = _retried(partial(_plan, db, spec, jobs, options, restart_changed, batch_budget, name))
     current = dict(plan.current)
     started: list[str] = []
     outbox: list[OutboxRow] = []
     for part in chunked(db, plan.todo, chunk):
-        runs, made, rows = _retried(
-            partial(_start_chunk, db, plan, part, tools_digest, started_by, run_budget)
-        )
+        runs, made, rows = _retried(partial(_start_chunk, db, plan, part))
         current |= runs
         started += made
         outbox += rows
         if on_chunk is not None and rows:
             on_chunk(rows)
     mapping = {job: current[job] for job in ids}
-    return Started(batch_id=batch_id, runs=mapping, started=started, outbox=outbox)
+    return Started(batch_id=plan.batch_id, runs=mapping, started=started, outbox=outbox)
 
 
 def _retried(step: Callable[[], T]) -> T:
@@ -187,10 +166,8 @@ def _retried(step: Callable[[], T]) -> T:
 class _Plan:
     """What a start will do, decided before any job starts."""
 
-    batch_id: str
-    agent: str
-    queue: str | None
-    """The batch's queue, where its runs' turns go."""
+    spec: RunSpec
+    """How its runs start: with the batch's id, and its queue, where their turns go."""
     current: dict[str, str]
     """Each job's run before the start, for the jobs that had one."""
     changed: frozenset[str]
@@ -198,15 +175,17 @@ class _Plan:
     todo: list[tuple[int, str, str]]
     """(place in the input, job, prompt) of each job to start, in input order."""
 
+    @property
+    def batch_id(self) -> str:
+        assert self.spec.batch_id is not None, "a plan is of one batch"
+        return self.spec.batch_id
+
 
 def _plan(
     db: Database,
-    agent: str,
+    spec: RunSpec,
     jobs: list[tuple[str, str]],
-    batch_id: str,
-    started_by: str | None,
     options: dict[str, Any] | None,
-    queue: str | None,
     restart_changed: bool,
     budget: dict[str, Any] | None,
     name: str | None,
@@ -214,6 +193,8 @@ def _plan(
     """The batch, made or checked (its agent, its new budget), and what the start will do;
     JobChanged before anything starts."""
     now = utcnow()
+    agent, batch_id, queue = spec.agent, spec.batch_id, spec.queue
+    assert batch_id is not None, "the start named the batch"
     with db.write() as s:
         batch = s.get(BatchRow, batch_id, with_for_update=True)
         if batch is None:
@@ -221,7 +202,7 @@ def _plan(
                 id=batch_id,
                 agent=agent,
                 name=name,
-                started_by=started_by,
+                started_by=spec.started_by,
                 options=options or {},
                 created_at=now,
                 queue=batch_queue_name(queue or TURN_QUEUE, batch_id),
@@ -246,9 +227,7 @@ def _plan(
         # A rerun keeps the queue the batch started with (a batch older than batch
         # queues has none: its runs go to their agent's).
         return _Plan(
-            batch_id=batch_id,
-            agent=agent,
-            queue=batch.queue or queue,
+            spec=replace(spec, queue=batch.queue or queue),
             current={job: run_id for job, (run_id, _) in current.items()},
             changed=frozenset(changed),
             todo=todo,
@@ -259,9 +238,6 @@ def _start_chunk(
     db: Database,
     plan: _Plan,
     part: Sequence[tuple[int, str, str]],
-    tools_digest: str | None,
-    started_by: str | None,
-    run_budget: dict[str, Any] | None,
 ) -> tuple[dict[str, str], list[str], list[OutboxRow]]:
     """Start one chunk's jobs in one transaction: those still without a current run, or
     with the run the plan found and means to replace. Returns each of the chunk's jobs'
@@ -284,15 +260,7 @@ def _start_chunk(
                 _replace(s, runs_now[job], run_id, now)
         s.flush()
         written = insert_runs(
-            s.connection(),
-            agent=plan.agent,
-            runs=runs,
-            tools_digest=tools_digest,
-            queue=plan.queue,
-            started_by=started_by,
-            batch_id=plan.batch_id,
-            jobs=[(n, job) for n, job, _ in todo],
-            budget=run_budget,
+            s.connection(), plan.spec, runs, jobs=[(n, job) for n, job, _ in todo]
         )
         batch.jobs += sum(1 for _, job, _ in todo if job not in runs_now)
     made = {job: run_id for (_, job, _), (run_id, _) in zip(todo, runs, strict=True)}

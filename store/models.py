@@ -125,7 +125,7 @@ class RunRow(SQLModel, table=True):
     """The request of another run this pending run waits on: its batch's `budget` request."""
     trace_context: str | None = None
     """The run's trace (a W3C `traceparent`), when tracing is on: every span of the run
-    (turns, suspensions, decisions, resumes) joins it (`tasks.tracing`)."""
+    (turns, suspensions, decisions, resumes) joins it (`tasks.observability.tracing`)."""
     created_at: datetime = _time(nullable=False)
     updated_at: datetime = _time(index=True, nullable=False)
 

@@ -48,7 +48,7 @@ ANSWER_TASK, ANSWER_QUEUE = "relayq.submit_answer", "relayq.answers"
 CANCEL_TASK = "relayq.cancel_run"
 SWEEP_TASK = "relayq.sweep"
 WAKE_TASK = "relayq.wake_runs"
-"""Runs that waited on a provider's circuit, sent on once it closed (`tasks.circuit`)."""
+"""Runs that waited on a provider's circuit, sent on once it closed (`tasks.broker.circuit`)."""
 MAINTENANCE_QUEUE = "relayq.maintenance"
 
 

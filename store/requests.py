@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -293,6 +293,25 @@ class RequestQuery:
     """Items on a page: 1 to 500."""
     cursor: str | None = None
     """The `next_cursor` of the page before, for the page after it."""
+
+    def aged(
+        self,
+        older_than: timedelta | None = None,
+        newer_than: timedelta | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> RequestQuery:
+        """This query narrowed to the requests at least `older_than` old and at most
+        `newer_than` old (`age_of` reads `2h`), within whatever creation bounds it has."""
+        now = now or datetime.now(UTC)
+        before, after = self.created_before, self.created_after
+        if older_than is not None:
+            older = now - older_than
+            before = older if before is None else min(before, older)
+        if newer_than is not None:
+            newer = now - newer_than
+            after = newer if after is None else max(after, newer)
+        return replace(self, created_before=before, created_after=after)
 
 
 class RequestPage(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from store.transitions import move
 
 __all__ = [
     "CHUNK",
+    "RunSpec",
     "cancel_locked",
     "cancel_run",
     "create_run",
@@ -72,57 +74,58 @@ def label_of(run: RunRow) -> str:
     return turn_label(run.id, run.agent, run.turns + 1)
 
 
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """How runs start: what each run started with it shares, one run or a batch's
+    thousands. Built once where a start is asked for (`tasks.DurableClient`), and
+    passed whole to `create_run`, `create_runs` and `store.batches.start_batch`.
+    """
+
+    agent: str
+    tools_digest: str | None = None
+    """The agent's tools' digest, when the starter knows the agent: a worker with other
+    tools does not take its turns."""
+    queue: str | None = None
+    """Where the first turn goes (its agent's queue); `relayq.turns` by default."""
+    started_by: str | None = None
+    """Who asked: an approval may forbid them to approve it."""
+    batch_id: str | None = None
+    """The batch the runs are jobs of."""
+    budget: dict[str, Any] | None = None
+    """What each run may spend (`relayq.budgets.Budget` wire), in place of its agent's."""
+
+
 def create_run(
     db: Database,
+    spec: RunSpec,
     *,
     run_id: str,
-    agent: str,
     prompt: str,
-    conversation_id: str | None,
-    tools_digest: str | None = None,
-    queue: str | None = None,
-    started_by: str | None = None,
-    batch_id: str | None = None,
+    conversation_id: str | None = None,
     job_id: str | None = None,
-    budget: dict[str, Any] | None = None,
 ) -> OutboxRow:
-    """A queued run with its prompt; continues `conversation_id` if it names one.
-
-    Its first turn goes to `queue` (its agent's), by default `relayq.turns`;
-    `started_by` names who asked (an approval may forbid them to approve it);
-    `batch_id` and `job_id` say which batch's job it is; `budget` is the run's own
-    (`relayq.budgets.Budget` wire), in place of its agent's.
-    """
-    check_run_input(agent=agent, prompts=[prompt], conversation_id=conversation_id)
-    now = utcnow()
-    conv = conversation_id or run_id
+    """A queued run with its prompt, started as `spec` says; continues `conversation_id`
+    if it names one. `job_id` says which job of `spec.batch_id` it is."""
+    check_run_input(agent=spec.agent, prompts=[prompt], conversation_id=conversation_id)
     if conversation_id is None:
-        return create_runs(
-            db,
-            agent=agent,
-            runs=[(run_id, prompt)],
-            tools_digest=tools_digest,
-            queue=queue,
-            started_by=started_by,
-            batch_id=batch_id,
-            job_ids=None if job_id is None else [job_id],
-            budget=budget,
-        )[0]
+        jobs = None if job_id is None else [job_id]
+        return create_runs(db, spec, [(run_id, prompt)], job_ids=jobs)[0]
+    now = utcnow()
     try:
         with db.write() as s:
-            history = conversation(s, conv)
-            _check_can_continue(s, conv, history)
+            history = conversation(s, conversation_id)
+            _check_can_continue(s, conversation_id, history)
             run = RunRow(
                 id=run_id,
-                agent=agent,
-                conversation_id=conv,
+                agent=spec.agent,
+                conversation_id=conversation_id,
                 status="queued",
                 start_seq=len(history),
-                tools_digest=tools_digest,
-                started_by=started_by,
-                batch_id=batch_id,
+                tools_digest=spec.tools_digest,
+                started_by=spec.started_by,
+                batch_id=spec.batch_id,
                 job_id=job_id,
-                budget=budget,
+                budget=spec.budget,
                 created_at=now,
                 updated_at=now,
             )
@@ -130,33 +133,28 @@ def create_run(
             s.add(message_row(run, len(history), tx.user_message(prompt, run_id)))
             s.flush()
             return enqueue_turn(
-                s, run_id, run.version, label=label_of(run), queue=queue or TURN_QUEUE
+                s, run_id, run.version, label=label_of(run), queue=spec.queue or TURN_QUEUE
             )
     except IntegrityError:
-        _refuse_taken_jobs(db, batch_id, [job_id] if job_id is not None else [])
+        _refuse_taken_jobs(db, spec.batch_id, [job_id] if job_id is not None else [])
         raise
 
 
 def create_runs(
     db: Database,
-    *,
-    agent: str,
+    spec: RunSpec,
     runs: list[tuple[str, str]],
-    tools_digest: str | None = None,
-    queue: str | None = None,
-    started_by: str | None = None,
-    batch_id: str | None = None,
+    *,
     job_ids: list[str] | None = None,
-    budget: dict[str, Any] | None = None,
 ) -> list[OutboxRow]:
-    """Many queued runs, each a new conversation: `runs` is (id, prompt); `job_ids`, if
-    given, one per run (the jobs of batch `batch_id`).
+    """Many queued runs started as `spec` says, each a new conversation: `runs` is
+    (id, prompt); `job_ids`, if given, one per run (the jobs of `spec.batch_id`).
 
     Every prompt is checked before anything is written; the runs are then written
     `CHUNK` to a transaction. A caller that dies between two leaves the chunks it
     wrote: a batch (`store.batches.start_batch`) is what starts each job exactly once.
     """
-    check_run_input(agent=agent, prompts=[prompt for _, prompt in runs])
+    check_run_input(agent=spec.agent, prompts=[prompt for _, prompt in runs])
     if job_ids is not None and len(job_ids) != len(runs):
         raise ValueError(f"{len(job_ids)} job ids for {len(runs)} runs")
     placed = list(enumerate(job_ids)) if job_ids is not None else None
@@ -165,19 +163,9 @@ def create_runs(
         jobs = None if placed is None else [placed[n] for n in part]
         try:
             with db.transaction() as conn:
-                written = insert_runs(
-                    conn,
-                    agent=agent,
-                    runs=[runs[n] for n in part],
-                    tools_digest=tools_digest,
-                    queue=queue,
-                    started_by=started_by,
-                    batch_id=batch_id,
-                    jobs=jobs,
-                    budget=budget,
-                )
+                written = insert_runs(conn, spec, [runs[n] for n in part], jobs=jobs)
         except IntegrityError:
-            _refuse_taken_jobs(db, batch_id, [job for _, job in jobs or []])
+            _refuse_taken_jobs(db, spec.batch_id, [job for _, job in jobs or []])
             raise
         outbox += written.rows()
     return outbox
@@ -200,18 +188,13 @@ def _refuse_taken_jobs(db: Database, batch_id: str | None, job_ids: list[str]) -
 
 def insert_runs(
     conn: Connection,
-    *,
-    agent: str,
+    spec: RunSpec,
     runs: list[tuple[str, str]],
-    tools_digest: str | None,
-    queue: str | None,
-    started_by: str | None,
-    batch_id: str | None = None,
+    *,
     jobs: list[tuple[int, str]] | None = None,
-    budget: dict[str, Any] | None = None,
 ) -> FirstTurns:
-    """Insert queued runs, their prompts and first turns' messages on `conn`; `jobs` is
-    (index, job id) per run, for a batch's; `budget` is each run's own."""
+    """Insert queued runs, their prompts and first turns' messages on `conn`, started as
+    `spec` says; `jobs` is (index, job id) per run, for a batch's."""
     if not runs:
         return NO_FIRST_TURNS
     now = utcnow()
@@ -220,13 +203,13 @@ def insert_runs(
     # a RunRow each is most of the cost of starting 5,000).
     common = RunRow(
         id="",
-        agent=agent,
+        agent=spec.agent,
         conversation_id="",
         status="queued",
-        tools_digest=tools_digest,
-        started_by=started_by,
-        batch_id=batch_id,
-        budget=budget,
+        tools_digest=spec.tools_digest,
+        started_by=spec.started_by,
+        batch_id=spec.batch_id,
+        budget=spec.budget,
         created_at=now,
         updated_at=now,
     ).model_dump()
@@ -242,8 +225,9 @@ def insert_runs(
             for run_id, prompt in runs
         ],
     )
-    labels = [turn_label(run_id, agent, 1) for run_id, _ in runs]
-    return enqueue_first_turns(conn, [r for r, _ in runs], labels, queue=queue or TURN_QUEUE)
+    labels = [turn_label(run_id, spec.agent, 1) for run_id, _ in runs]
+    queue = spec.queue or TURN_QUEUE
+    return enqueue_first_turns(conn, [r for r, _ in runs], labels, queue=queue)
 
 
 def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) -> None:

@@ -1,7 +1,7 @@
 """Webhook deliveries: every event, to every endpoint that wants it, at least once.
 
 The events table is the outbox: an event is written in the transaction that
-made it happen (`store.events.emit`). A sender (`tasks.webhooks`, in every
+made it happen (`store.events.emit`). A sender (`tasks.webhooks.sender`, in every
 worker process) then, again and again:
 
 1. `fan_out`: one delivery row per (event, endpoint), in batches; the unique

@@ -1,6 +1,7 @@
 """One delivery of a turn's task: the task it came in (`TaskRef`) and what it did
-(`Outcome`). Apart from `tasks.turns`, so that what watches a delivery (`tasks.metrics`,
-`tasks.tracing`) needs nothing of the turn's driver."""
+(`Outcome`). Apart from `tasks.turns`, so that what watches a delivery
+(`tasks.observability.metrics`, `tasks.observability.tracing`) needs nothing of the turn's
+driver."""
 
 from __future__ import annotations
 

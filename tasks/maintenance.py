@@ -7,7 +7,7 @@ from celery import Task, shared_task
 from store import StoreUnavailable
 from store import cancel_run as cancel_stored_run
 from store.outbox import CANCEL_TASK, SWEEP_TASK, resend_turns
-from tasks.circuit import WAKE_TASK
+from tasks.broker.circuit import WAKE_TASK
 from tasks.hooks import RunSettled
 from tasks.runtime import Runtime
 
@@ -58,6 +58,6 @@ async def _wake(rt: Runtime, run_ids: list[str]) -> str:
 @shared_task(name=WAKE_TASK, bind=True, acks_late=True)
 def wake_runs(self: Task, run_ids: list[str]) -> str:
     """Send the turns of runs that waited for a provider now its circuit has closed
-    (`tasks.circuit`); those no longer queued are left alone."""
+    (`tasks.broker.circuit`); those no longer queued are left alone."""
     rt = Runtime.current(self.app)
     return rt.wait(_wake(rt, run_ids))

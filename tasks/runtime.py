@@ -46,18 +46,18 @@ from store.errors import safe_text
 from store.maintenance import SweepReport
 from store.outbox import ANSWER_QUEUE, TURN_QUEUE, sent_at
 from store.workers import HOSTNAME
-from tasks.announce import RunAnnouncer
-from tasks.broker import QueuePeek
-from tasks.dispatch import BrokerDispatch, Dispatch
+from tasks.broker.announce import RunAnnouncer
+from tasks.broker.dispatch import BrokerDispatch, Dispatch
+from tasks.broker.peek import QueuePeek
+from tasks.broker.publish import sender_app
 from tasks.heartbeat import Heartbeat
 from tasks.hooks import Hooks, RunHooks, hooks_named
-from tasks.metrics import Metrics
-from tasks.publish import sender_app
+from tasks.observability.metrics import Metrics
+from tasks.observability.tracing import Tracing
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
-from tasks.tracing import Tracing
 from tasks.transcripts import Transcripts
-from tasks.webhooks import WebhookSender
+from tasks.webhooks.sender import WebhookSender
 
 __all__ = ["LoopThread", "Runtime", "Working", "defer", "deferring"]
 
@@ -185,7 +185,7 @@ class Runtime:
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
         self.dispatch = self._make_dispatch()
-        """Where the messages of this process's changes go (`tasks.dispatch`)."""
+        """Where the messages of this process's changes go (`tasks.broker.dispatch`)."""
         self.working = Working()
         """Runs a task of this process is claiming or holding (`Working`)."""
         self.transcripts = Transcripts()

@@ -80,7 +80,7 @@ from store.outbox import (
     WAKE_TASK,
 )
 from tasks.hooks import RunHooks
-from tasks.webhook_endpoints import (
+from tasks.webhooks.endpoints import (
     DEFAULT_PUBLIC_URL,
     Endpoint,
     parse_public_url,
@@ -238,7 +238,7 @@ class Settings:
     max_answer_bytes: int = limits.DEFAULT_MAX_ANSWER_BYTES
     """The largest answer (and prompt) taken, as compact UTF-8 JSON; see `relayq.limits`."""
     webhooks: tuple[Endpoint, ...] = ()
-    """Where events are sent (`tasks.webhooks`); their repr shows no URL or secret."""
+    """Where events are sent (`tasks.webhooks.sender`); their repr shows no URL or secret."""
     public_url: str = DEFAULT_PUBLIC_URL
     """Where people reach the API and its inbox: the base of the links webhooks carry."""
     webhook_attempts: int = 40
@@ -251,9 +251,9 @@ class Settings:
     """Webhook requests in flight at once, per worker process."""
     limit_wait: float = 30.0
     """Seconds a turn may wait in place (an asyncio sleep) for its provider's shared limits
-    (`tasks.limiter`); a longer wait sends it back to its queue with a countdown."""
+    (`tasks.broker.limiter`); a longer wait sends it back to its queue with a countdown."""
     provider_outage_limit: float = 3600.0
-    """Seconds a run may wait for a provider whose circuit is open (`tasks.circuit`) before
+    """Seconds a run may wait for a provider whose circuit is open (`tasks.broker.circuit`) before
     it fails, saying since when the provider has been down."""
     provider_probe_every: float = 5.0
     """Seconds between probe calls to a provider whose circuit is open (longer when its

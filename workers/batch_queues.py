@@ -163,7 +163,7 @@ class BatchQueues(bootsteps.StartStopStep):
 
 @control_command(name="relayq_batches_changed")
 def batches_changed(state: Any, **_: Any) -> dict[str, Any]:
-    """A batch has new runs (`tasks.publish.batches_changed`): look at the store now, so its
+    """A batch has new runs (`tasks.broker.publish.batches_changed`): look at the store now, so its
     first turns need not wait for the next poll."""
     step = BatchQueues.of(state.consumer)
     if step is not None and step.mode != "skip":

@@ -32,7 +32,7 @@ from celery.signals import worker_ready
 from celery.worker import control
 from celery.worker.request import Request
 
-from tasks.broker import redis_url
+from tasks.broker.peek import redis_url
 from tasks.hooks import ModelCalling, RunHooks, ToolStarting, TurnEnded, TurnOutcome, TurnStarted
 from tasks.settings import Settings
 

@@ -1,5 +1,5 @@
 """A worker's metrics over HTTP, opt-in: `RELAYQ_WORKER_METRICS_PORT=9808` (and
-`RELAYQ_WORKER_METRICS_ADDR`, `0.0.0.0` by default) serves `tasks.metrics`'s series
+`RELAYQ_WORKER_METRICS_ADDR`, `0.0.0.0` by default) serves `tasks.observability.metrics`'s series
 (turns, model calls, tokens, cost, provider limits) at `http://<addr>:<port>/metrics`,
 from the worker's main process, without a token.
 

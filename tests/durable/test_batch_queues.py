@@ -27,9 +27,9 @@ from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import BatchRow, Database, batch_results, batch_status
 from store.batch_queues import batch_queue_name
 from tasks import DurableClient, Settings
-from tasks.broker import priority_lists
-from tasks.gauges import BrokerView, StoreGauges
-from tasks.publish import BATCH_PRIORITY
+from tasks.broker.peek import priority_lists
+from tasks.broker.publish import BATCH_PRIORITY
+from tasks.observability.gauges import BrokerView, StoreGauges
 from tests.brokers import PrivateRedis
 from tests.conftest import Parts
 from tests.durable.batch_agents import STEPS

@@ -26,6 +26,7 @@ from store import (
     Database,
     JobChanged,
     RunRow,
+    RunSpec,
     batch_results,
     batch_status,
     cancel_batch,
@@ -140,7 +141,7 @@ def test_racing_starters_of_one_batch_start_each_job_once(durable: Durable):
     def start() -> None:
         barrier.wait()
         try:
-            start_batch(db, agent="recall", jobs=jobs, batch_id=batch_id, started_by="ci", chunk=3)
+            start_batch(db, RunSpec("recall", started_by="ci", batch_id=batch_id), jobs, chunk=3)
         except BaseException as exc:
             errors.append(exc)
 
@@ -214,9 +215,9 @@ def test_a_batch_start_killed_between_chunks_starts_each_job_once_when_run_again
 def test_a_batch_of_another_agent_is_refused(durable: Durable):
     db = Database(durable.settings.database_url)
     batch_id = f"batch_{uuid.uuid4().hex}"
-    start_batch(db, agent="recall", jobs=[("a", "x")], batch_id=batch_id)
+    start_batch(db, RunSpec("recall", batch_id=batch_id), [("a", "x")])
     with pytest.raises(JobChanged, match="runs agent 'recall', not 'desk'"):
-        start_batch(db, agent="desk", jobs=[("b", "y")], batch_id=batch_id)
+        start_batch(db, RunSpec("desk", batch_id=batch_id), [("b", "y")])
     db.dispose()
 
 

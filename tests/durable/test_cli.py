@@ -23,6 +23,7 @@ from relayq import RunResult, new_id
 from store import (
     Database,
     RequestQuery,
+    RunSpec,
     get_request,
     get_run,
     list_requests,
@@ -811,7 +812,7 @@ def test_a_count_of_one_reads_in_the_singular(alone: Callable[..., Result], tmp_
     halted_run(tmp_path)
     db = own_store(tmp_path)
     try:
-        batch_id = start_batch(db, agent="recall", jobs=[("a", "x")]).batch_id
+        batch_id = start_batch(db, RunSpec("recall"), [("a", "x")]).batch_id
     finally:
         db.dispose()
 

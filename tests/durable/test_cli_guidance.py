@@ -29,7 +29,7 @@ from cli._common import warn_if_no_worker
 from store import Database, OutboxRow
 from store.outbox import ANSWER_TASK, unpublished
 from tasks import DurableClient, Settings
-from tasks.publish import publish
+from tasks.broker.publish import publish
 from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group

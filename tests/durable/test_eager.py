@@ -14,7 +14,7 @@ from typing import Any
 import kombu
 import pytest
 
-import tasks.publish
+import tasks.broker.publish
 import tasks.runtime
 from relayq import Agent, Answer, InProcessRequest, InProcessResponse, Request, RunResult
 from relayq.relay import RelayResult, is_relay_request, relay_answer, relay_calls_of
@@ -126,7 +126,7 @@ async def test_an_eager_client_builds_no_celery_app_and_opens_no_broker_connecti
         raise AssertionError("eager mode reached for the broker")
 
     monkeypatch.setattr(kombu.Connection, "__init__", refuse)
-    monkeypatch.setattr(tasks.publish, "sender_app", refuse)
+    monkeypatch.setattr(tasks.broker.publish, "sender_app", refuse)
     monkeypatch.setattr(tasks.runtime, "QueuePeek", refuse)
     monkeypatch.setattr(tasks.runtime.Runtime, "sender", property(refuse))
 

@@ -11,7 +11,7 @@ from relayq import Request, ResumeError, RunResult
 from relayq.relay import answer_output
 from store import sweep
 from tasks import DurableClient
-from tasks.publish import publish
+from tasks.broker.publish import publish
 
 from .conftest import Durable, Eventually
 

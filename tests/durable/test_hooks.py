@@ -254,7 +254,13 @@ async def test_a_worker_s_hooks_named_in_its_settings_see_its_turns(
     assert opened["request_kind"] == "tool_call"
 
 
-@pytest.mark.parametrize("module", ["turns", "answers", "maintenance", "eager"])
+TASK_BODIES = (
+    "turns", "turn_budgets", "turn_failed", "turn_hooks", "turn_waits", "journal",
+    "answers", "maintenance", "host/eager",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("module", TASK_BODIES)
 def test_the_task_bodies_call_no_watcher_by_name(module):
     """Metrics, traces, announcements and Flower's progress are hooks: the turn's driver
     and the other task bodies import none of them."""
@@ -270,6 +276,11 @@ def test_the_task_bodies_call_no_watcher_by_name(module):
         if isinstance(node, ast.Import)
         for alias in node.names
     }
-    watchers = {"tasks.metrics", "tasks.tracing", "tasks.announce", "workers.events"}
+    watchers = {
+        "tasks.observability.metrics",
+        "tasks.observability.tracing",
+        "tasks.broker.announce",
+        "workers.events",
+    }
     assert not imported & watchers
     assert "summary.split" not in source

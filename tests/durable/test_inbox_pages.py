@@ -16,7 +16,7 @@ from api.app import create_app
 from store.models import VoteRow, utcnow
 from store.webhooks import Event
 from tasks import DurableClient
-from tasks.webhooks import slack_text
+from tasks.webhooks.sender import slack_text
 
 from .conftest import Durable, Eventually
 from .desk import (

@@ -29,9 +29,10 @@ from relayq.providers import ProviderModel
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import Database, RequestRow, RunRow, migrate
 from store.models import DecisionRow, utcnow
-from tasks import DurableClient, Settings, metrics
-from tasks.gauges import StoreGauges
-from tasks.publish import sender_app
+from tasks import DurableClient, Settings
+from tasks.broker.publish import sender_app
+from tasks.observability import metrics
+from tasks.observability.gauges import StoreGauges
 from tests.durable.observed_agents import KEY_ENV, MODEL, metered_agent, metered_reply
 from tests.durable.queue_agents import VIP_QUEUE
 from tests.ports import free_port

@@ -26,7 +26,7 @@ from cli.main import app as cli_app
 from relayq import RunResult
 from store import FINISHED
 from tasks import DurableClient
-from tasks.circuit import CircuitView, read_circuits
+from tasks.broker.circuit import CircuitView, read_circuits
 from tests.ports import free_port
 
 from .conftest import Durable, Eventually, SpareWorkers

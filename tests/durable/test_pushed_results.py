@@ -27,8 +27,8 @@ from relayq import Budget, RunResult
 from relayq.approvals import decline
 from store import Database, OutboxRow, cancel_run
 from tasks import DurableClient, Settings, WaitTimeout
-from tasks.announce import channel_of
-from tasks.client import Waiting
+from tasks.broker.announce import channel_of
+from tasks.host.client import Waiting
 from tests.brokers import PrivateRedis
 from tests.store.driver import statements
 

@@ -9,6 +9,7 @@ from store import (
     Database,
     Recovery,
     RunRow,
+    RunSpec,
     WorkerRow,
     beat,
     claim_turn,
@@ -19,7 +20,7 @@ from store import (
 from store.models import utcnow
 from store.outbox import mark_published
 from tasks import DurableClient
-from tasks.publish import publish
+from tasks.broker.publish import publish
 
 from . import store_outage_agents  # noqa: F401  (the host knows the stall agent)
 from .conftest import Durable, Eventually, SpareWorkers
@@ -30,7 +31,7 @@ async def test_a_run_whose_first_message_was_never_sent_is_started_by_a_sweep(
 ):
     # Given a run committed with its outbox row, whose message was never published
     run_id = new_id("run")
-    row = create_run(client.db, run_id=run_id, agent="recall", prompt=prompt, conversation_id=None)
+    row = create_run(client.db, RunSpec("recall"), run_id=run_id, prompt=prompt)
     assert get_run(client.db, run_id).status == "queued"
 
     # When the sweeper looks for unsent messages
@@ -51,7 +52,7 @@ async def test_a_run_left_running_by_a_vanished_worker_is_requeued_by_a_sweep(
     # Given a run claimed by a worker on another host, whose last heartbeat was just now
     # (so that the live worker's own sweeps leave it alone for this test's sweep)
     run_id = new_id("run")
-    row = create_run(client.db, run_id=run_id, agent="recall", prompt=prompt, conversation_id=None)
+    row = create_run(client.db, RunSpec("recall"), run_id=run_id, prompt=prompt)
     mark_published(client.db, [row])  # the ghost received it
     ghost = f"ghost-{run_id}"
     beat(client.db, ghost, hostname="a-host-that-vanished", pid=1)

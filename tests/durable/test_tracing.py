@@ -22,7 +22,8 @@ from relayq import Agent, Answer, Request
 from relayq.providers import ProviderModel
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import Database, RunRow
-from tasks import DurableClient, Settings, tracing
+from tasks import DurableClient, Settings
+from tasks.observability import tracing
 from tests import forkserver
 from tests.durable.observed_agents import KEY_ENV, metered_agent, metered_reply
 from tests.provider_server import API_KEY, ProviderServer
@@ -316,7 +317,8 @@ def as_dicts(spans: list[ReadableSpan]) -> list[dict[str, Any]]:
 RELAYQ_OTEL_SCRIPT = """
 import asyncio, sys
 from relayq import Agent, InProcessResponse
-from tasks import DurableClient, Settings, tracing
+from tasks import DurableClient, Settings
+from tasks.observability import tracing
 
 assert tracing.enabled()
 agent = Agent("otel-env", lambda req: InProcessResponse(content="hi"), register=False)

@@ -21,7 +21,7 @@ from store.events import emit
 from store.models import DeliveryRow, EventRow, utcnow
 from store.webhooks import Event, RetryPolicy, delivery_log, list_deliveries
 from tasks import DurableClient, Settings
-from tasks.webhooks import Endpoint, WebhookSender, render, sign, verify_signature
+from tasks.webhooks.sender import Endpoint, WebhookSender, render, sign, verify_signature
 from tests.ports import free_port
 from tests.webhook_receiver import Received, Receiver
 

@@ -1,4 +1,5 @@
-"""The worker's own turn driver and journal (`tasks.turns`) on the store, with no broker.
+"""The worker's own turn driver and journal (`tasks.turns`, `tasks.journal`) on the store,
+with no broker.
 
 `run_turn` takes one stored turn through `drive_turn` (claim, the turn
 journaled by `StoreJournal`, finish) with real toolkits and scripted models;
@@ -39,13 +40,15 @@ from store import (
     OutboxRow,
     RequestRow,
     RunRow,
+    RunSpec,
     create_run,
     get_run,
 )
 from store.outbox import ANSWER_TASK, TURN_TASK
+from tasks.journal import StoreJournal
 from tasks.runtime import Runtime
 from tasks.settings import Settings
-from tasks.turns import StoreJournal, drive_turn
+from tasks.turns import drive_turn
 from tests.relayq.scripted import Script, call, text
 
 __all__ = [
@@ -129,11 +132,10 @@ def start(
 ) -> str:
     create_run(
         db,
+        RunSpec(agent, started_by=started_by),
         run_id=run_id,
-        agent=agent,
         prompt=prompt,
         conversation_id=conversation_id,
-        started_by=started_by,
     )
     return run_id
 

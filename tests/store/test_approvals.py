@@ -29,7 +29,7 @@ from relayq.approvals import EscalationStep, approve, decline, edit, requires_ap
 from relayq.relay import answer_output
 from store import Database, accept_answer, accept_many, apply_answer_of, get_run, sweep
 from store.answers import MAX_BULK
-from store.audit import Decider, decisions_of, list_decisions
+from store.audit import AuditQuery, Decider, decisions_of, list_decisions
 from store.models import EventRow, RequestRow, VoteRow, utcnow
 from tests.relayq.scripted import call, echo_tool_outputs
 
@@ -316,7 +316,7 @@ async def test_every_vote_and_answer_is_in_the_trail_with_who_and_how(db: Databa
     assert trail[1].os_user == "c"
     assert trail[1].groups == ["finance", "leads"]
     assert trail[0].arguments_hash != trail[2].arguments_hash, "bob saw the edited arguments"
-    page, more = list_decisions(db, actor="carol")
+    page, more = list_decisions(db, AuditQuery(actor="carol"))
     assert [d.outcome for d in page] == ["edited"]
     assert more is None
 

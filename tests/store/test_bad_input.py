@@ -29,7 +29,7 @@ from relayq.limits import (
     describe_error,
 )
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
-from store import Database, accept_answer, create_run, create_runs, get_run, transcript
+from store import Database, RunSpec, accept_answer, create_run, create_runs, get_run, transcript
 from store.models import MessageRow, RunRow, utcnow
 from tests.relayq.scripted import calls, text
 
@@ -102,14 +102,14 @@ def test_a_run_whose_prompt_the_store_cannot_keep_is_not_created(
     before = snapshot(db)
 
     with pytest.raises(refusal):
-        create_run(db, run_id="run_1", agent="a", prompt=prompt, conversation_id=conversation_id)
+        create_run(db, RunSpec("a"), run_id="run_1", prompt=prompt, conversation_id=conversation_id)
 
     assert snapshot(db) == before
 
 
 def test_one_bad_prompt_refuses_the_whole_batch(db: Database):
     with pytest.raises(UnstorableInput) as refused:
-        create_runs(db, agent="a", runs=[("run_1", "fine"), ("run_2", "bad\x00"), ("run_3", "ok")])
+        create_runs(db, RunSpec("a"), [("run_1", "fine"), ("run_2", "bad\x00"), ("run_3", "ok")])
 
     assert refused.value.where == "prompts[1]"
     assert snapshot(db) == {name: [] for name in snapshot(db)}

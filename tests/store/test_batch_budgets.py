@@ -15,7 +15,15 @@ from sqlmodel import select
 from relayq import Agent, Budget, InProcessResponse, InProcessToolCall, Usage
 from relayq.approvals import approve
 from relayq.budgets import BUDGET_KIND, Spent
-from store import Database, accept_answer, apply_answer_of, cancel_run, get_run, start_batch
+from store import (
+    Database,
+    RunSpec,
+    accept_answer,
+    apply_answer_of,
+    cancel_run,
+    get_run,
+    start_batch,
+)
 from store.budgets import budget_gate
 from store.models import RequestRow
 from store.turns import claim_turn
@@ -41,10 +49,9 @@ async def _agent(*replies: InProcessResponse) -> Agent:
 def _batch(db: Database, budget: Budget | None = None) -> str:
     started = start_batch(
         db,
-        agent="agent",
-        jobs=[("job-1", "go")],
-        batch_id="batch_1",
-        budget=None if budget is None else budget.to_wire(),
+        RunSpec("agent", batch_id="batch_1"),
+        [("job-1", "go")],
+        batch_budget=None if budget is None else budget.to_wire(),
     )
     return started.runs["job-1"]
 
@@ -66,10 +73,9 @@ def test_the_claim_says_whether_the_batch_has_a_budget(db: Database):
 
     with_budget = start_batch(
         db,
-        agent="agent",
-        jobs=[("job-1", "go")],
-        batch_id="batch_2",
-        budget=Budget(tokens=1000).to_wire(),
+        RunSpec("agent", batch_id="batch_2"),
+        [("job-1", "go")],
+        batch_budget=Budget(tokens=1000).to_wire(),
     ).runs["job-1"]
     claim = claim_turn(db, with_budget, get_run(db, with_budget).version, task_id="t2", lease=LEASE)
     assert claim is not None
@@ -105,10 +111,9 @@ def _running_batch(db: Database, jobs: int) -> list[str]:
     """A batch of `jobs` runs with a budget of 100 tokens, each run claimed by a turn."""
     started = start_batch(
         db,
-        agent="agent",
-        jobs=[(f"job-{n}", "go") for n in range(jobs)],
-        batch_id="batch_1",
-        budget=Budget(tokens=100).to_wire(),
+        RunSpec("agent", batch_id="batch_1"),
+        [(f"job-{n}", "go") for n in range(jobs)],
+        batch_budget=Budget(tokens=100).to_wire(),
     )
     for n, run_id in enumerate(started.runs.values()):
         claim_turn(db, run_id, get_run(db, run_id).version, task_id=f"t{n}", lease=LEASE)

@@ -14,6 +14,7 @@ from store import (
     BatchRow,
     Database,
     RunRow,
+    RunSpec,
     accept_answer,
     apply_answer_of,
     batch_status,
@@ -42,8 +43,8 @@ def queue_of_batch(db: Database, batch_id: str) -> str | None:
 
 
 def test_a_batch_is_named_a_queue_of_its_own_from_its_agents_queue(db: Database):
-    started = start_batch(db, agent="a", jobs=[("j1", "p"), ("j2", "p")], batch_id="batch_1")
-    on_vip = start_batch(db, agent="a", jobs=[("j1", "p")], batch_id="batch_2", queue=VIP)
+    started = start_batch(db, RunSpec("a", batch_id="batch_1"), [("j1", "p"), ("j2", "p")])
+    on_vip = start_batch(db, RunSpec("a", queue=VIP, batch_id="batch_2"), [("j1", "p")])
 
     assert queue_of_batch(db, "batch_1") == "relayq.turns.batch.batch_1"
     assert {row.queue for row in started.outbox} == {"relayq.turns.batch.batch_1"}
@@ -54,10 +55,10 @@ def test_a_batch_is_named_a_queue_of_its_own_from_its_agents_queue(db: Database)
 
 
 def test_a_rerun_keeps_the_queue_the_batch_started_with(db: Database):
-    start_batch(db, agent="a", jobs=[("j1", "p")], batch_id="batch_1", queue=VIP)
+    start_batch(db, RunSpec("a", queue=VIP, batch_id="batch_1"), [("j1", "p")])
 
     # The agent has moved to another queue since: the batch stays where it started
-    again = start_batch(db, agent="a", jobs=[("j1", "p"), ("j2", "q")], batch_id="batch_1")
+    again = start_batch(db, RunSpec("a", batch_id="batch_1"), [("j1", "p"), ("j2", "q")])
 
     assert again.started == ["j2"]
     assert {row.queue for row in again.outbox} == {batch_queue_name(VIP, "batch_1")}
@@ -68,7 +69,7 @@ async def test_every_turn_of_a_batch_run_stays_on_its_batch_queue_whatever_queue
     db: Database,
 ):
     # Given a batch on the vip agent's queue
-    started = start_batch(db, agent="a", jobs=[("j1", "p")], batch_id="batch_1", queue=VIP)
+    started = start_batch(db, RunSpec("a", queue=VIP, batch_id="batch_1"), [("j1", "p")])
     own = batch_queue_name(VIP, "batch_1")
     run_id = started.runs["j1"]
 
@@ -97,7 +98,7 @@ async def test_every_turn_of_a_batch_run_stays_on_its_batch_queue_whatever_queue
 
 
 async def test_the_turn_after_an_answer_goes_to_the_batch_queue(db: Database):
-    started = start_batch(db, agent="a", jobs=[("j1", "p")], batch_id="batch_1")
+    started = start_batch(db, RunSpec("a", batch_id="batch_1"), [("j1", "p")])
     run_id = started.runs["j1"]
     kit = await relay_kit("lookup")
     turn = await run_turn(db, run_id, kit, model_of(relay_turn(("c1", "lookup")), text("done")))
@@ -110,7 +111,7 @@ async def test_the_turn_after_an_answer_goes_to_the_batch_queue(db: Database):
 
 
 def test_a_run_of_no_batch_goes_to_the_queue_named(db: Database):
-    row = create_run(db, run_id="run_1", agent="a", prompt="p", conversation_id=None, queue=VIP)
+    row = create_run(db, RunSpec("a", queue=VIP), run_id="run_1", prompt="p")
     claim = claim_turn(db, "run_1", 0, task_id="t1", lease=LEASE)
     assert claim is not None
 
@@ -120,9 +121,9 @@ def test_a_run_of_no_batch_goes_to_the_queue_named(db: Database):
 
 def test_a_batch_is_active_while_a_run_of_it_has_a_turn_to_take(db: Database):
     # Given two batches on relayq's queue and one on the vip agent's
-    one = start_batch(db, agent="a", jobs=[("j1", "p"), ("j2", "p")], batch_id="batch_1")
-    start_batch(db, agent="a", jobs=[("j1", "p")], batch_id="batch_2")
-    start_batch(db, agent="a", jobs=[("j1", "p")], batch_id="batch_3", queue=VIP)
+    one = start_batch(db, RunSpec("a", batch_id="batch_1"), [("j1", "p"), ("j2", "p")])
+    start_batch(db, RunSpec("a", batch_id="batch_2"), [("j1", "p")])
+    start_batch(db, RunSpec("a", queue=VIP, batch_id="batch_3"), [("j1", "p")])
     every = [batch_queue_name(q, b) for q, b in [("relayq.turns", "batch_1"),
              ("relayq.turns", "batch_2"), (VIP, "batch_3")]]  # fmt: skip
 
@@ -144,7 +145,7 @@ def test_a_batch_is_active_while_a_run_of_it_has_a_turn_to_take(db: Database):
 def test_a_cancelled_batch_stays_active_while_a_running_turn_of_it_ends(db: Database):
     # A running run finishes its cancel at its next boundary, or, if its model call failed,
     # on its next turn: that turn must still find a worker on the batch's queue
-    started = start_batch(db, agent="a", jobs=[("j1", "p")], batch_id="batch_1")
+    started = start_batch(db, RunSpec("a", batch_id="batch_1"), [("j1", "p")])
     claim = claim_turn(db, started.runs["j1"], 0, task_id="t1", lease=LEASE)
     assert claim is not None
     cancel_batch(db, "batch_1")

@@ -19,6 +19,7 @@ from store import (
     JobChanged,
     OutboxRow,
     RunRow,
+    RunSpec,
     batch_status,
     create_runs,
     start_batch,
@@ -52,7 +53,7 @@ def test_a_batch_starts_a_chunk_a_transaction_handing_on_each_chunks_messages(db
     handed: list[list[OutboxRow]] = []
 
     started = start_batch(
-        db, agent="agent", jobs=jobs(10), batch_id="b1", chunk=3, on_chunk=handed.append
+        db, RunSpec("agent", batch_id="b1"), jobs(10), chunk=3, on_chunk=handed.append
     )
 
     # The plan (the batch's row), then 3 + 3 + 3 + 1 jobs, each chunk on its own
@@ -77,13 +78,11 @@ def test_a_start_that_dies_between_chunks_starts_the_missing_jobs_once_when_run_
             raise Died
 
     with pytest.raises(Died):
-        start_batch(
-            db, agent="agent", jobs=jobs(10), batch_id="b1", chunk=3, on_chunk=die_after_two
-        )
+        start_batch(db, RunSpec("agent", batch_id="b1"), jobs(10), chunk=3, on_chunk=die_after_two)
     assert sum(runs_per_job(db, "b1").values()) == 6
 
     # When the same start is run again
-    again = start_batch(db, agent="agent", jobs=jobs(10), batch_id="b1", chunk=3)
+    again = start_batch(db, RunSpec("agent", batch_id="b1"), jobs(10), chunk=3)
 
     # Then it starts the four jobs still missing, and every job has one run
     assert sorted(again.started) == ["j6", "j7", "j8", "j9"]
@@ -92,25 +91,23 @@ def test_a_start_that_dies_between_chunks_starts_the_missing_jobs_once_when_run_
 
 
 def test_a_changed_prompt_is_refused_before_any_chunk_starts(db: Database):
-    start_batch(db, agent="agent", jobs=jobs(4), batch_id="b1", chunk=2)
+    start_batch(db, RunSpec("agent", batch_id="b1"), jobs(4), chunk=2)
     changed = [*jobs(4), ("j4", "new"), ("j5", "new")]
     changed[1] = ("j1", "another prompt")
 
     with pytest.raises(JobChanged) as refused:
-        start_batch(db, agent="agent", jobs=changed, batch_id="b1", chunk=2)
+        start_batch(db, RunSpec("agent", batch_id="b1"), changed, chunk=2)
 
     assert refused.value.jobs == ["j1"]
     assert sum(runs_per_job(db, "b1").values()) == 4, "nothing was started"
 
 
 def test_a_changed_prompt_started_anew_replaces_its_run_in_its_chunk(db: Database):
-    first = start_batch(db, agent="agent", jobs=jobs(4), batch_id="b1", chunk=2)
+    first = start_batch(db, RunSpec("agent", batch_id="b1"), jobs(4), chunk=2)
     changed = jobs(4)
     changed[3] = ("j3", "another prompt")
 
-    again = start_batch(
-        db, agent="agent", jobs=changed, batch_id="b1", chunk=2, restart_changed=True
-    )
+    again = start_batch(db, RunSpec("agent", batch_id="b1"), changed, chunk=2, restart_changed=True)
 
     assert again.started == ["j3"]
     assert again.runs["j3"] != first.runs["j3"]
@@ -125,7 +122,7 @@ def test_many_runs_started_at_once_are_written_a_chunk_a_transaction(db: Databas
     committed = commits(db)
     runs = [(f"run_{i}", f"prompt {i}") for i in range(CHUNK + 5)]
 
-    rows = create_runs(db, agent="agent", runs=runs)
+    rows = create_runs(db, RunSpec("agent"), runs)
 
     assert len(committed) == 2
     assert [row.args[0] for row in rows] == [run_id for run_id, _ in runs]

@@ -6,7 +6,7 @@ import pytest
 
 from relayq import InProcessResponse, ResumeError, Usage
 from relayq.model import as_model
-from store import Database, claim_turn, create_run, get_run, run_result, transcript
+from store import Database, RunSpec, claim_turn, create_run, get_run, run_result, transcript
 from tests.relayq.scripted import Script, calls, text
 
 from .driver import LEASE, halt_on_relay, local_kit, message_rows, model_of, run_turn, start
@@ -49,7 +49,7 @@ async def test_a_run_cannot_start_on_a_conversation_whose_run_is_still_pending(d
     await halt_on_relay(db, "c1", run_id="run_1")
 
     with pytest.raises(ResumeError, match="run_1"):
-        create_run(db, run_id="run_2", agent="agent", prompt="and now?", conversation_id="run_1")
+        create_run(db, RunSpec("agent"), run_id="run_2", prompt="and now?", conversation_id="run_1")
 
     assert [r.run_id for r in message_rows(db)] == ["run_1"] * 3
 
@@ -63,7 +63,7 @@ async def test_a_run_cannot_start_on_a_conversation_whose_run_is_not_finished(
         claim_turn(db, "run_1", 0, task_id="t", lease=LEASE)
 
     with pytest.raises(ResumeError, match=status):
-        create_run(db, run_id="run_2", agent="agent", prompt="again", conversation_id="run_1")
+        create_run(db, RunSpec("agent"), run_id="run_2", prompt="again", conversation_id="run_1")
 
 
 async def test_the_result_of_an_earlier_run_holds_only_the_messages_up_to_it(db: Database):

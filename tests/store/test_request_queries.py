@@ -501,3 +501,20 @@ def test_an_age_that_is_none_is_refused_naming_the_filter(text: str):
     with pytest.raises(BadQuery, match=r"cannot read .* as an age") as refused:
         age_of(text, "newer_than")
     assert refused.value.field == "newer_than"
+
+
+def test_an_age_narrows_the_creation_bounds_a_query_has_and_never_widens_them():
+    now = T0 + timedelta(days=10)
+    hour, day = timedelta(hours=1), timedelta(days=1)
+
+    # An age alone sets its bound
+    alone = RequestQuery().aged(older_than=hour, newer_than=day, now=now)
+    assert (alone.created_before, alone.created_after) == (now - hour, now - day)
+    # ... beside a tighter bound, the bound stays; beside a looser one, the age wins
+    tight = RequestQuery(created_before=now - day, created_after=now - hour)
+    assert tight.aged(hour, day, now=now) == tight
+    loose = RequestQuery(created_before=now, created_after=now - 3 * day)
+    narrowed = loose.aged(hour, day, now=now)
+    assert (narrowed.created_before, narrowed.created_after) == (now - hour, now - day)
+    # ... and no age changes nothing
+    assert loose.aged(now=now) == loose

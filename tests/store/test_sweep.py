@@ -10,6 +10,7 @@ from relayq.relay import RelayResult, relay_answer
 from store import (
     Database,
     Recovery,
+    RunSpec,
     accept_answer,
     apply_answer_of,
     beat,
@@ -319,9 +320,7 @@ async def test_an_overdue_request_is_expired_and_its_answer_task_sent_once(db: D
 
 def test_a_turn_on_an_agents_own_queue_is_judged_by_that_queue_alone(db: Database):
     # Given a queued run whose turn went to an agent's queue, long ago
-    create_run(
-        db, run_id="run_1", agent="vip", prompt="go", conversation_id=None, queue="relayq.turns.vip"
-    )
+    create_run(db, RunSpec("vip", queue="relayq.turns.vip"), run_id="run_1", prompt="go")
     [row] = published(db)
     assert row.published_at is not None
     later = row.published_at + REDELIVER + timedelta(seconds=1)

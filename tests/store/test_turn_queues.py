@@ -8,6 +8,7 @@ from datetime import timedelta
 from relayq.relay import RelayResult, relay_answer
 from store import (
     Database,
+    RunSpec,
     accept_answer,
     apply_answer_of,
     claim_turn,
@@ -27,16 +28,16 @@ VIP = "relayq.turns.vip"
 
 
 def test_a_new_run_goes_to_the_queue_given_else_to_the_turn_queue(db: Database):
-    vip = create_run(db, run_id="run_v", agent="a", prompt="p", conversation_id=None, queue=VIP)
-    plain = create_run(db, run_id="run_p", agent="a", prompt="p", conversation_id=None)
-    batch = create_runs(db, agent="a", runs=[("run_b1", "p"), ("run_b2", "p")], queue=VIP)
+    vip = create_run(db, RunSpec("a", queue=VIP), run_id="run_v", prompt="p")
+    plain = create_run(db, RunSpec("a"), run_id="run_p", prompt="p")
+    batch = create_runs(db, RunSpec("a", queue=VIP), [("run_b1", "p"), ("run_b2", "p")])
 
     assert (vip.queue, plain.queue) == (VIP, TURN_QUEUE)
     assert {row.queue for row in batch} == {VIP}
 
 
 def test_a_retried_turn_goes_to_the_queue_given_else_where_the_run_went(db: Database):
-    create_run(db, run_id="run_1", agent="a", prompt="p", conversation_id=None, queue=VIP)
+    create_run(db, RunSpec("a", queue=VIP), run_id="run_1", prompt="p")
     claim = claim_turn(db, "run_1", 0, task_id="t1", lease=LEASE)
     assert claim is not None
 
@@ -49,7 +50,7 @@ def test_a_retried_turn_goes_to_the_queue_given_else_where_the_run_went(db: Data
 
 
 def test_a_run_taken_over_from_a_dead_worker_stays_on_its_queue(db: Database):
-    create_run(db, run_id="run_1", agent="a", prompt="p", conversation_id=None, queue=VIP)
+    create_run(db, RunSpec("a", queue=VIP), run_id="run_1", prompt="p")
     assert claim_turn(db, "run_1", 0, task_id="t", lease=timedelta(seconds=1)) is not None
 
     report = sweep(db, now=utcnow() + timedelta(seconds=5))
@@ -60,7 +61,7 @@ def test_a_run_taken_over_from_a_dead_worker_stays_on_its_queue(db: Database):
 
 async def test_the_turn_after_an_answer_goes_where_the_run_went(db: Database):
     # Given a run on its agent's queue, halted on a relay request
-    create_run(db, run_id="run_1", agent="a", prompt="p", conversation_id=None, queue=VIP)
+    create_run(db, RunSpec("a", queue=VIP), run_id="run_1", prompt="p")
     kit = await relay_kit("lookup")
     turn = await run_turn(db, "run_1", kit, model_of(relay_turn(("c1", "lookup")), text("done")))
     assert turn.pending is not None
@@ -76,7 +77,7 @@ async def test_the_turn_after_an_answer_goes_where_the_run_went(db: Database):
 def test_runs_woken_from_a_wait_are_sent_again_at_once_and_only_those_still_queued(db: Database):
     # Given two runs waiting out a countdown for their provider, and one that is running
     for run_id in ("run_w1", "run_w2", "run_r"):
-        create_run(db, run_id=run_id, agent="a", prompt="p", conversation_id=None, queue=VIP)
+        create_run(db, RunSpec("a", queue=VIP), run_id=run_id, prompt="p")
     waiting = []
     for run_id in ("run_w1", "run_w2"):
         claim = claim_turn(db, run_id, 0, task_id=f"t-{run_id}", lease=LEASE)

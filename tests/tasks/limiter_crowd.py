@@ -18,7 +18,7 @@ import random
 import redis.asyncio as aioredis
 
 from relayq.ratelimit import ProviderLimits
-from tasks.limiter import RedisLimiter
+from tasks.broker.limiter import RedisLimiter
 
 
 async def crowd(args: argparse.Namespace) -> dict[str, int]:

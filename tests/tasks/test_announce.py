@@ -6,8 +6,8 @@ import pytest
 
 from store.requests import run_of_request
 from tasks import Settings
-from tasks.announce import Announcer, RunAnnouncer, channel_of, decode, encode
-from tasks.broker import redis_url
+from tasks.broker.announce import Announcer, RunAnnouncer, channel_of, decode, encode
+from tasks.broker.peek import redis_url
 from tasks.hooks import AnswerApplied, RunSettled, TurnOutcome
 from tests.ports import free_port
 

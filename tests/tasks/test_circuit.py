@@ -17,7 +17,7 @@ from relayq import InProcessRequest, InProcessResponse, ModelError
 from relayq.circuit import CircuitChange, CircuitHooks, CircuitModel, ProviderDown, Ticket
 from relayq.ratelimit import ProviderLimits
 from tasks import Settings
-from tasks.circuit import CircuitLog, RedisCircuit, circuit_for, read_circuits
+from tasks.broker.circuit import CircuitLog, RedisCircuit, circuit_for, read_circuits
 
 REQUEST = InProcessRequest(messages=[{"role": "user", "content": "hi"}], tools=[])
 LIMITS = ProviderLimits(key="p1", label="api.example.com/m", host="api.example.com", model="m")
@@ -312,7 +312,7 @@ async def test_with_redis_unreachable_the_outage_error_stands_with_a_warning(
 
     # When a call fails for an outage, Then the error stands, as without a circuit
     with (
-        caplog.at_level(logging.WARNING, logger="tasks.circuit"),
+        caplog.at_level(logging.WARNING, logger="tasks.broker.circuit"),
         pytest.raises(ModelError) as raised,
     ):
         await CircuitModel(Provider(error), circuit, LIMITS)(REQUEST)
@@ -346,7 +346,7 @@ async def test_a_worker_logs_one_line_per_change_it_sees(private_redis, prefix, 
 
     # When the first opens the circuit and fails a probe, the second is kept back, and the
     # first's next probe is answered
-    with caplog.at_level(logging.INFO, logger="tasks.circuit"):
+    with caplog.at_level(logging.INFO, logger="tasks.broker.circuit"):
         try:
             for _ in range(2):
                 with pytest.raises(ProviderDown):
@@ -361,7 +361,7 @@ async def test_a_worker_logs_one_line_per_change_it_sees(private_redis, prefix, 
             await two.aclose()
 
     # Then each change is one line, the provider named, never more
-    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.circuit"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.broker.circuit"]
     assert [line.split(":")[0].split(" (")[0] for line in lines] == [
         f"provider {LIMITS.label} is down",  # the first opened it
         f"provider {LIMITS.label}",  # ... probed it

@@ -15,7 +15,7 @@ from celery import Celery
 
 from relayq import Agent, AgentError, InProcessResponse
 from tasks import DurableClient, Settings
-from tasks.publish import sender_app
+from tasks.broker.publish import sender_app
 from tasks.settings import queue_named
 from workers.config import celery_config
 
@@ -219,9 +219,9 @@ async def test_a_client_starting_an_agent_by_name_imports_relayq_agents_to_find_
     client = DurableClient(settings=settings)
     try:
         # When a run of it is started by name, the host finds the agent and its queue
-        found, digest, queue = await client._agent(name)
+        spec = await client._spec(name, started_by=None, batch_id=None, budget=None)
     finally:
         client.close()
         sys.modules.pop(module, None)
-    assert (found, queue) == (name, "q.own")
-    assert digest is not None
+    assert (spec.agent, spec.queue) == (name, "q.own")
+    assert spec.tools_digest is not None

@@ -16,10 +16,10 @@ import pytest
 from celery import Celery
 
 from relayq import new_id
-from store import Database, OutboxRow, create_run, migrate
+from store import Database, OutboxRow, RunSpec, create_run, migrate
 from store.outbox import sent_at, task_id_of
-from tasks.dispatch import MARK_AFTER, BrokerDispatch, Outgoing
-from tasks.publish import sender_app
+from tasks.broker.dispatch import MARK_AFTER, BrokerDispatch, Outgoing
+from tasks.broker.publish import sender_app
 from tasks.settings import Settings
 from tests.brokers import PrivateRedis
 from tests.ports import free_port
@@ -94,7 +94,7 @@ class Store:
 
     def new_runs(self, count: int) -> list[OutboxRow]:
         return [
-            create_run(self.db, run_id=new_id("run"), agent="a", prompt="p", conversation_id=None)
+            create_run(self.db, RunSpec("a"), run_id=new_id("run"), prompt="p")
             for _ in range(count)
         ]
 

@@ -22,7 +22,7 @@ from relayq.circuit import CircuitModel
 from relayq.providers import ProviderConfig, ProviderModel
 from relayq.ratelimit import LimitCounters, LimitedModel, ProviderLimits, Throttled
 from tasks import DurableClient, Settings
-from tasks.limiter import RedisLimiter, limited_model, limiter_for
+from tasks.broker.limiter import RedisLimiter, limited_model, limiter_for
 from tests import forkserver
 from tests.brokers import PrivateRedis
 from tests.ports import free_port
@@ -229,7 +229,7 @@ def test_a_process_has_one_limiter_on_its_brokers_redis(tmp_path):
 
 
 def unwrapped(model: Any) -> Any:
-    """The limited model inside the provider's circuit (`tasks.circuit`)."""
+    """The limited model inside the provider's circuit (`tasks.broker.circuit`)."""
     assert isinstance(model, CircuitModel), "every provider's calls go through its circuit"
     return model.model
 
@@ -348,7 +348,7 @@ def test_a_wait_in_place_is_a_metric_and_a_wait_in_the_queue_is_not():
     from prometheus_client import REGISTRY
 
     from relayq.ratelimit import LimitWait
-    from tasks import metrics
+    from tasks.observability import metrics
 
     labels = {"provider": "metrics.example", "model": "m1"}
 

@@ -2,7 +2,7 @@
 
 One `RunWaiter` per client and event loop serves every run waited on there:
 
-- a subscriber on the announcement channel (`tasks.announce`) marks the runs
+- a subscriber on the announcement channel (`tasks.broker.announce`) marks the runs
   named as woken;
 - a checker reads the status of every woken run that is waited on, in one
   statement (`store.settled_many`), and wakes the waiters of those settled;
@@ -29,8 +29,8 @@ from redis.backoff import NoBackoff
 
 from relayq import RelayqError
 from store import Database, StoreUnavailable, UnknownRun, settled, settled_many
-from tasks.announce import channel_of, decode
-from tasks.broker import redis_url
+from tasks.broker.announce import channel_of, decode
+from tasks.broker.peek import redis_url
 from tasks.settings import Settings
 
 __all__ = ["RunWaiter", "WaitTimeout"]

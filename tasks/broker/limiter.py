@@ -64,7 +64,7 @@ from relayq.ratelimit import (
     Throttled,
     WaitReason,
 )
-from tasks.circuit import circuit_for
+from tasks.broker.circuit import circuit_for
 from tasks.settings import Settings
 
 __all__ = [
@@ -456,7 +456,7 @@ def limiter_for(settings: Settings) -> Limiter:
 
 def limited_model(settings: Settings, agent: Agent, time_limit: float) -> Model:
     """The model a worker's turn of `agent` calls: through its provider's circuit
-    (`tasks.circuit`), then under its limits, if it sets any; a provider without limits
+    (`tasks.broker.circuit`), then under its limits, if it sets any; a provider without limits
     is only watched (its 429s told to the hooks).
 
     A turn waits in place for capacity up to RELAYQ_LIMIT_WAIT, and never more than

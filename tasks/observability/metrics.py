@@ -7,7 +7,7 @@ registry: a worker serves them when `RELAYQ_WORKER_METRICS_PORT` is set
 (`workers.metrics`), and an eager host (`DurableClient(eager=True)`) has them in
 its own. What the store and the broker
 hold (runs, open requests, queue depths) is read when the API is scraped instead
-(`tasks.gauges`).
+(`tasks.observability.gauges`).
 
 | metric | labels | what |
 |---|---|---|
@@ -26,7 +26,7 @@ given as a function is `in-process`.
 
 For a provider limiter, which calls these where it waits or meets a 429:
 
-    from tasks.metrics import count_rate_limited, observe_limit_wait
+    from tasks.observability.metrics import count_rate_limited, observe_limit_wait
     observe_limit_wait("api.openai.com", 1.5, model="gpt-4o")  # waited 1.5 s for capacity
     count_rate_limited("api.openai.com", model="gpt-4o")      # a 429 it took in and retried
 
@@ -41,9 +41,9 @@ from prometheus_client import Counter, Histogram
 from relayq.circuit import CircuitChange, CircuitHooks
 from relayq.pricing import CostFunction, cost_of, provider_prices, set_cost_function
 from relayq.ratelimit import LimiterHooks, LimitWait
-from tasks.circuit import add_hooks as add_circuit_hooks
+from tasks.broker.circuit import add_hooks as add_circuit_hooks
+from tasks.broker.limiter import add_hooks
 from tasks.hooks import ModelCalled, RunHooks, TurnEnded, provider_label, provider_of
-from tasks.limiter import add_hooks
 
 __all__ = [
     "CostFunction",

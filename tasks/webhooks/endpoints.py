@@ -1,5 +1,5 @@
 """Webhook endpoints as configured (`RELAYQ_WEBHOOKS`, `RELAYQ_PUBLIC_URL`): parsed and
-checked with the settings, before anything is sent (`tasks.webhooks` sends)."""
+checked with the settings, before anything is sent (`tasks.webhooks.sender` sends)."""
 
 from __future__ import annotations
 

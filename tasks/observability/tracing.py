@@ -36,10 +36,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery.signals import before_task_publish
-from sqlalchemy import bindparam, select, update
 
-from store import Database, RequestRow, RunRow
+from store import Database
 from store.outbox import TURN_TASK
+from store.traces import RUNS_PER_STATEMENT, keep_trace_contexts, request_trace, run_traces
 from tasks.hooks import (
     AnswerApplied,
     AnswerApplying,
@@ -76,32 +76,7 @@ log = logging.getLogger(__name__)
 
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
-_CHUNK = 500
-"""Runs per statement when many start at once (SQLite's bound-parameter limit)."""
 _REMEMBERED = 10_000
-
-_RUNS = RunRow.__table__  # type: ignore[attr-defined]
-_REQUESTS = RequestRow.__table__  # type: ignore[attr-defined]
-_SET_CONTEXT = (
-    update(_RUNS)
-    .where(_RUNS.c.id == bindparam("rid"), _RUNS.c.trace_context.is_(None))
-    .values(trace_context=bindparam("tp"))
-)
-_REQUEST_TRACE = (
-    select(
-        _REQUESTS.c.run_id,
-        _REQUESTS.c.agent,
-        _REQUESTS.c.kind,
-        _REQUESTS.c.status,
-        _REQUESTS.c.outcome,
-        _REQUESTS.c.applied,
-        _REQUESTS.c.created_at,
-        _REQUESTS.c.answered_at,
-        _RUNS.c.trace_context,
-    )
-    .join(_RUNS, _RUNS.c.id == _REQUESTS.c.run_id)
-    .where(_REQUESTS.c.id == bindparam("rid"))
-)
 
 _chosen: TracerProvider | None = None
 _setup_lock = threading.Lock()
@@ -259,24 +234,15 @@ def _contexts(
     """Each run's trace; a run that has none yet gets one now (its `relayq.run` span,
     linked to `caller`, the span current where the run was started)."""
     found: dict[str, _Run] = {}
-    for start in range(0, len(run_ids), _CHUNK):
-        chunk = list(run_ids[start : start + _CHUNK])
-        with db.read() as s:
-            rows = s.execute(
-                select(_RUNS.c.id, _RUNS.c.agent, _RUNS.c.batch_id, _RUNS.c.trace_context).where(
-                    _RUNS.c.id.in_(chunk)
-                )
-            ).all()
-        fresh = {
-            row.id: (row.agent, _root(row.id, row.agent, row.batch_id, caller))
-            for row in rows
-            if not row.trace_context
-        }
-        found.update(
-            {row.id: _Run(row.agent, row.trace_context) for row in rows if row.trace_context}
-        )
+    for start in range(0, len(run_ids), RUNS_PER_STATEMENT):
+        runs = run_traces(db, run_ids[start : start + RUNS_PER_STATEMENT])
+        found.update({r.run_id: _Run(r.agent, r.traceparent) for r in runs if r.traceparent})
+        fresh = [r for r in runs if not r.traceparent]
         if fresh:
-            found.update(_keep(db, fresh))
+            agents = {r.run_id: r.agent for r in fresh}
+            roots = {r.run_id: _root(r.run_id, r.agent, r.batch_id, caller) for r in fresh}
+            kept = keep_trace_contexts(db, roots)
+            found.update({run_id: _Run(agents[run_id], tp) for run_id, tp in kept.items()})
     for run_id, run in found.items():
         _remembered.put(run_id, run.traceparent)
     return found
@@ -297,24 +263,6 @@ def _root(run_id: str, agent: str, batch_id: str | None, caller: SpanContext | N
     )
     span.end()
     return _traceparent(span) or ""
-
-
-def _keep(db: Database, fresh: dict[str, tuple[str, str]]) -> dict[str, _Run]:
-    """Store the new contexts; where another process stored one first, its own wins."""
-    params = [{"rid": run_id, "tp": tp} for run_id, (_, tp) in fresh.items() if tp]
-    if not params:
-        return {}
-    with db.transaction() as conn:
-        written = conn.execute(_SET_CONTEXT, params).rowcount
-    if written == len(params):
-        return {run_id: _Run(agent, tp) for run_id, (agent, tp) in fresh.items() if tp}
-    with db.read() as s:
-        rows = s.execute(
-            select(_RUNS.c.id, _RUNS.c.agent, _RUNS.c.trace_context).where(
-                _RUNS.c.id.in_(list(fresh))
-            )
-        ).all()
-    return {row.id: _Run(row.agent, row.trace_context) for row in rows if row.trace_context}
 
 
 # -- the hook: the host's sends and decisions, the worker's turns, model calls and resumes -------
@@ -453,7 +401,7 @@ class Tracing(RunHooks):
         `relayq.suspension` span, from its opening to its answer, the first time."""
         if not enabled():
             return
-        row = await self.patiently(_request_trace, self.db, event.request_id)
+        row = await self.patiently(request_trace, self.db, event.request_id)
         if row is None:
             return
         parent = await self._run_context(row.run_id, row.trace_context)
@@ -504,8 +452,3 @@ def _close(slot: ContextVar[_Open | None]) -> _Open | None:
         slot.set(None)
         otel_context.detach(opened.token)  # type: ignore[arg-type]
     return opened
-
-
-def _request_trace(db: Database, request_id: str) -> Any:
-    with db.read() as s:
-        return s.execute(_REQUEST_TRACE, {"rid": request_id}).first()

@@ -24,7 +24,7 @@ from relayq.agents import Agent, registered_agents
 from store import Database, OutboxRow, forget_worker
 from store.outbox import ANSWER_TASK, TURN_TASK, mark_published
 from tasks.answers import apply_answer
-from tasks.dispatch import Dispatch
+from tasks.broker.dispatch import Dispatch
 from tasks.runtime import Runtime
 from tasks.settings import Settings
 from tasks.turns import TurnFailed, drive_turn

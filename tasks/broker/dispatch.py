@@ -2,7 +2,7 @@
 
 A worker's runtime and a host's `DurableClient` hand every outbox row to one
 `Dispatch`: `await dispatch(rows)`. `BrokerDispatch` sends them to the broker and
-marks them sent; `tasks.eager.EagerDispatch` runs them in this process instead.
+marks them sent; `tasks.host.eager.EagerDispatch` runs them in this process instead.
 
 Sending blocks (the broker's socket, and its retries when the broker is away), so
 it runs on a thread of its own, never behind the store's calls. Each hand-off
@@ -28,7 +28,7 @@ from relayq.agents import Agent
 from store import Database, OutboxRow
 from store.errors import safe_text
 from store.outbox import mark_published
-from tasks.publish import batches_changed, send
+from tasks.broker.publish import batches_changed, send
 
 __all__ = ["MARK_AFTER", "BrokerDispatch", "Dispatch", "Outgoing"]
 

@@ -35,20 +35,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 import redis
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
-from sqlalchemy import bindparam, case, func, select, text
 
 from relayq.circuit import CircuitState
 from relayq.ratelimit import ProviderLimits
-from store import Database, RequestRow, RunRow, WorkerRow
+from store import Database
 from store.batch_queues import active_batch_queues
-from store.models import DecisionRow, utcnow
+from store.gauges import OpenRequests, decided_since, ping, store_counts
+from store.models import utcnow
 from store.transitions import STATUSES
-from tasks.circuit import CircuitView, read_circuits
+from tasks.broker.circuit import CircuitView, read_circuits
 from tasks.settings import Settings
 
 __all__ = ["AGE_BUCKETS", "DECISION_BUCKETS", "BrokerView", "StoreGauges", "store_answers"]
@@ -70,44 +69,10 @@ LOOKBACK = timedelta(minutes=1)
 """How far before the last scrape decisions are read again: a decision's row is stamped
 before its transaction commits, and a slow commit must not be missed."""
 
-_RUNS = RunRow.__table__  # type: ignore[attr-defined]
-_REQUESTS = RequestRow.__table__  # type: ignore[attr-defined]
-_DECISIONS = DecisionRow.__table__  # type: ignore[attr-defined]
-_WORKERS = WorkerRow.__table__  # type: ignore[attr-defined]
-
-# Grouped in the (status, agent) index's order: counted from the index, nothing sorted.
-_RUN_COUNTS = select(_RUNS.c.agent, _RUNS.c.status, func.count()).group_by(
-    _RUNS.c.status, _RUNS.c.agent
-)
-# One row: all open requests, those younger than each bound, and the oldest's opening.
-_OPEN = select(
-    func.count(),
-    func.min(_REQUESTS.c.created_at),
-    *(
-        func.coalesce(func.sum(case((_REQUESTS.c.created_at > bindparam(f"b{n}"), 1), else_=0)), 0)
-        for n in range(len(AGE_BUCKETS))
-    ),
-).where(_REQUESTS.c.status == "open")
-_DECIDED = select(
-    _REQUESTS.c.id,
-    _REQUESTS.c.agent,
-    _REQUESTS.c.outcome,
-    _REQUESTS.c.created_at,
-    _REQUESTS.c.answered_at,
-).where(
-    _REQUESTS.c.status == "answered",
-    _REQUESTS.c.id.in_(
-        select(_DECISIONS.c.request_id).where(_DECISIONS.c.at >= bindparam("since")).distinct()
-    ),
-)
-_ALIVE = select(func.count()).where(_WORKERS.c.heartbeat_at >= bindparam("alive_since"))
-_PING = text("SELECT 1")
-
 
 def store_answers(db: Database) -> None:
     """One `SELECT 1`: raises if the store cannot be reached."""
-    with db.read() as s:
-        s.execute(_PING).scalar()
+    ping(db)
 
 
 class BrokerView:
@@ -152,7 +117,7 @@ class BrokerView:
         return depths, int(counts[-1])
 
     def circuits(self) -> list[CircuitView] | None:
-        """The provider circuits not closed (`tasks.circuit`); None when it is not Redis."""
+        """The provider circuits not closed (`tasks.broker.circuit`); None when it is not Redis."""
         if self.client is None:
             return None
         return read_circuits(self.client, self.prefix)
@@ -175,12 +140,10 @@ class _Decisions:
 
     def read(self, db: Database, now: datetime) -> None:
         since = self.mark - LOOKBACK
-        with db.read() as s:
-            rows = s.execute(_DECIDED, {"since": since}).all()
-        for row in rows:
-            if row.id in self.seen or row.answered_at is None:
+        for row in decided_since(db, since):
+            if row.request_id in self.seen or row.answered_at is None:
                 continue
-            self.seen[row.id] = row.answered_at
+            self.seen[row.request_id] = row.answered_at
             self._add((row.agent, row.outcome or "answered"), row.answered_at - row.created_at)
         self.mark = now
         self.seen = {k: at for k, at in self.seen.items() if at >= now - 2 * LOOKBACK}
@@ -271,16 +234,17 @@ class StoreGauges:
         return [up, *found]
 
     def _read(self, now: datetime) -> list[Metric]:
-        bounds = {f"b{n}": now - timedelta(seconds=s) for n, (_, s) in enumerate(AGE_BUCKETS)}
-        with self.db.read() as s:
-            runs = s.execute(_RUN_COUNTS).all()
-            open_row = s.execute(_OPEN, bounds).one()
-            alive = s.execute(_ALIVE, {"alive_since": now - self.worker_timeout}).scalar_one()
+        counts = store_counts(
+            self.db,
+            opened_after=[now - timedelta(seconds=s) for _, s in AGE_BUCKETS],
+            alive_since=now - self.worker_timeout,
+        )
         self._decisions.read(self.db, now)
         self._batch_queues = active_batch_queues(self.db)
+        alive = counts.workers_alive
         return [
-            _runs(runs),
-            *_open(open_row, now),
+            _runs(counts.runs),
+            *_open(counts.open, now),
             self._decisions.family(),
             _gauge("relayq_workers_alive", "Worker processes with a current heartbeat", alive),
         ]
@@ -348,9 +312,8 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return family
 
 
-def _runs(rows: Sequence[Any]) -> GaugeMetricFamily:
+def _runs(counts: dict[tuple[str, str], int]) -> GaugeMetricFamily:
     """Every status of every agent with runs, 0 included, so no series vanishes."""
-    counts = {(r[0], r[1]): int(r[2]) for r in rows}
     family = GaugeMetricFamily(
         "relayq_runs", "Runs in the store, by agent and status", labels=["agent", "status"]
     )
@@ -361,15 +324,15 @@ def _runs(rows: Sequence[Any]) -> GaugeMetricFamily:
     return family
 
 
-def _open(row: Any, now: datetime) -> list[GaugeMetricFamily]:
-    total, oldest, *younger = row
+def _open(found: OpenRequests, now: datetime) -> list[GaugeMetricFamily]:
     family = GaugeMetricFamily("relayq_requests_open", "Open requests, by age", labels=["age"])
     below = 0
-    for (label, _), count in zip(AGE_BUCKETS, younger, strict=True):
-        family.add_metric([label], int(count) - below)
-        below = int(count)
-    family.add_metric([OLDEST_BUCKET], int(total) - below)
-    age = max(0.0, (now - _aware(oldest)).total_seconds()) if oldest is not None else 0.0
+    for (label, _), count in zip(AGE_BUCKETS, found.younger, strict=True):
+        family.add_metric([label], count - below)
+        below = count
+    family.add_metric([OLDEST_BUCKET], found.total - below)
+    oldest = found.oldest
+    age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
     return [
         family,
         _gauge(
@@ -378,10 +341,3 @@ def _open(row: Any, now: datetime) -> list[GaugeMetricFamily]:
             age,
         ),
     ]
-
-
-def _aware(moment: datetime | str) -> datetime:
-    """`min(created_at)` as an aware datetime, however the driver hands the aggregate back."""
-    if isinstance(moment, str):
-        moment = datetime.fromisoformat(moment)
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

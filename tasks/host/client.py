@@ -2,37 +2,30 @@
 
 It writes to the store and sends task messages; workers in other processes
 (or machines) run the turns. Results are the same `RunResult`s the
-in-process client returns.
-
-    client = DurableClient()
-    halted = await client.run("support", "refund order 17")
-    if halted.status == "pending":
-        done = await client.run_with_answer(halted.pending, answer_output(halted.pending.id, "ok"))
+in-process client returns (docs/durable-runs.md shows it at work).
 
 `DurableClient(eager=True)` runs every turn in the calling process instead
-(see `tasks.eager`): the same verbs and results, with no broker and no worker.
+(see `tasks.host.eager`): the same verbs and results, with no broker and no worker.
+
+The verbs' work is done by the client's helpers: `tasks.host.starting` starts runs,
+`tasks.host.settling` waits for them to settle, `tasks.host.answering` takes answers.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal
 
 from celery import Celery
-from pydantic import ValidationError
 
-from relayq import Answer, AnswerMismatch, BulkRefused, Request, RunResult, new_id
-from relayq.agents import Agent, load_agents, registered_agents
-from relayq.approvals import approve, decline, is_approval
+from relayq import Answer, Request, RunResult
+from relayq.agents import Agent
 from relayq.budgets import Budget
-from relayq.limits import check_answer, check_run_input
 from relayq.loop import WaitFor
 from store import (
     Database,
@@ -40,44 +33,33 @@ from store import (
     Page,
     RequestQuery,
     RunRow,
+    RunSpec,
     Started,
     StoredRequest,
-    StoreUnavailable,
-    accept_answer,
-    accept_many,
     all_requests,
     cancel_run,
-    create_run,
-    create_runs,
-    get_requests,
     list_runs,
     migrate,
     query_requests,
     run_result,
-    settled,
-    start_batch,
 )
-from store.answers import Accepted
 from store.audit import Decider
 from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
-from tasks.broker import redis_url
-from tasks.dispatch import BrokerDispatch, Dispatch
-from tasks.hooks import Hooks, RequestDecided, Sending, hooks_named
-from tasks.publish import sender_app
+from tasks.broker.dispatch import BrokerDispatch, Dispatch
+from tasks.broker.peek import redis_url
+from tasks.broker.publish import sender_app
+from tasks.hooks import Hooks, Sending, hooks_named
+from tasks.host.answering import Answering, answer_to
+from tasks.host.known_agents import KnownAgents
+from tasks.host.settling import Settling, Waiting
+from tasks.host.starting import Starting
+from tasks.host.waiting import RunWaiter, WaitTimeout
+from tasks.observability.tracing import Tracing
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
-from tasks.tracing import Tracing
-from tasks.waiting import RunWaiter, WaitTimeout
 
 __all__ = ["DurableClient", "WaitTimeout"]
-
-T = TypeVar("T")
-P = ParamSpec("P")
-
-Waiting = Literal["pushed", "polled"]
-
-log = logging.getLogger(__name__)
 
 
 class DurableClient:
@@ -89,9 +71,9 @@ class DurableClient:
     as it comes, like the in-process client does.
 
     Waiting for results (`result(wait=True)`, `run`, `run_with_answer`) is pushed:
-    workers announce each run that may have settled (`tasks.announce`), and one
+    workers announce each run that may have settled (`tasks.broker.announce`), and one
     waiter per client and event loop reads the status of every run so woken in
-    one statement (`tasks.waiting`), with a fallback read of every waited run
+    one statement (`tasks.host.waiting`), with a fallback read of every waited run
     each `recheck_every` in case an announcement was lost. `waiting="polled"`
     polls each run on its own instead, every 10 to 250 ms: the old behaviour,
     kept to compare against, and what an eager client or a broker other than
@@ -139,7 +121,7 @@ class DurableClient:
         migrate(self.db)
         self.eager = eager
         self._wait_for = wait_for
-        self._loaded_agents = False
+        self._known = KnownAgents(self.settings.agents)
         if waiting not in ("pushed", "polled"):
             raise ValueError(f"waiting is pushed or polled, not {waiting!r}")
         # An eager client settles its runs itself, and only Redis carries announcements.
@@ -148,7 +130,6 @@ class DurableClient:
         """How `result(wait=True)` waits: woken by announcements, or polling each run."""
         self.recheck_every = recheck_every
         """How often every run waited on is read anyway (pushed waiting)."""
-        self._waiter: RunWaiter | None = None
         self.inline_store = self.db.is_sqlite
         """Store calls run on the event loop (SQLite) while its lock is free."""
         self._threads: ThreadPoolExecutor | None = None
@@ -163,7 +144,7 @@ class DurableClient:
         self._dispatch: Dispatch
         """Where the messages of this client's changes go: to the broker, or run here."""
         if eager:
-            from tasks.eager import EagerRuntime
+            from tasks.host.eager import EagerRuntime
 
             runtime = EagerRuntime(self.settings, db=self.db)
             self.hooks, self._dispatch = runtime.hooks, runtime.dispatch
@@ -173,6 +154,12 @@ class DurableClient:
             self._dispatch = BrokerDispatch(
                 lambda: sender, self.db, self.store, on_unsent=on_unsent
             )
+        # The verbs' work (composition): starting runs, waiting for them, taking answers.
+        self._starts = Starting(self.settings, self.db, self.store, self._dispatch, self._publish)
+        self._waits = Settling(
+            self.settings, self.db, self.store, waiting=self.waiting, recheck_every=recheck_every
+        )
+        self._answers = Answering(self.settings, self.db, self.store, self.hooks, self._publish)
 
     @property
     def app(self) -> Celery:
@@ -187,16 +174,6 @@ class DurableClient:
             # read, a mark) before it closes the store's connections.
             self._threads = ThreadPoolExecutor(8, thread_name_prefix="relayq-client")
         return self._threads
-
-    async def _decided(
-        self, decisions: Iterable[tuple[Answer, Accepted]], *, since: int, via: str
-    ) -> None:
-        """Tell the hooks of each answer the store took (`RequestDecided`)."""
-        for reply, accepted in decisions:
-            event = RequestDecided(
-                reply.id, accepted.run_id, reply.ok, accepted.complete, via, since
-            )
-            await self.hooks.emit("after_request_decided", event)
 
     async def _publish(self, rows: Iterable[OutboxRow]) -> int:
         """Dispatch the messages a change wrote (in eager mode: run them here and now).
@@ -225,28 +202,8 @@ class DurableClient:
         UnstorableInput (InputTooLarge), with nothing written, for a prompt the
         store cannot keep: a NUL character, a lone surrogate, over the size limit.
         """
-        name, digest, queue = await self._agent(agent)
-        limit = self.settings.max_answer_bytes
-        check_run_input(
-            agent=name, prompts=[prompt], conversation_id=conversation_id, max_bytes=limit
-        )
-        run_id = new_id("run")
-        row = await self.store(
-            create_run,
-            self.db,
-            run_id=run_id,
-            agent=name,
-            prompt=prompt,
-            conversation_id=conversation_id,
-            tools_digest=digest,
-            queue=queue,
-            started_by=started_by,
-            batch_id=batch_id,
-            job_id=job_id,
-            budget=None if budget is None else budget.to_wire(),
-        )
-        await self._publish([row])
-        return run_id
+        spec = await self._spec(agent, started_by=started_by, batch_id=batch_id, budget=budget)
+        return await self._starts.one(spec, prompt, conversation_id=conversation_id, job_id=job_id)
 
     async def start_many(
         self,
@@ -267,23 +224,8 @@ class DurableClient:
         chunk at a time (`store.runs.CHUNK`), so a long start never holds SQLite's lock
         for long; for each job started exactly once across crashes, use `start_batch`.
         """
-        name, digest, queue = await self._agent(agent)
-        check_run_input(agent=name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
-        runs = [(new_id("run"), prompt) for prompt in prompts]
-        rows = await self.store.offload(
-            create_runs,
-            self.db,
-            agent=name,
-            runs=runs,
-            tools_digest=digest,
-            queue=queue,
-            started_by=started_by,
-            batch_id=batch_id,
-            job_ids=job_ids,
-            budget=None if budget is None else budget.to_wire(),
-        )
-        await self._publish(rows)
-        return [run_id for run_id, _ in runs]
+        spec = await self._spec(agent, started_by=started_by, batch_id=batch_id, budget=budget)
+        return await self._starts.many(spec, prompts, job_ids=job_ids)
 
     async def start_batch(
         self,
@@ -309,58 +251,34 @@ class DurableClient:
         rerun's replaces the batch's), `run_budget` what each run it starts may; `name`
         what a new batch is known by (`store.find_batch`).
         """
-        agent_name, digest, queue = await self._agent(agent)
-        prompts = [prompt for _, prompt in jobs]
-        check_run_input(agent=agent_name, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
-        loop = asyncio.get_running_loop()
-        went = 0
-
-        def send_chunk(rows: list[OutboxRow]) -> None:
-            # On the store call's thread, as each chunk commits: its runs start at once.
-            nonlocal went
-            went += asyncio.run_coroutine_threadsafe(self._publish(rows), loop).result()
-
-        # On a thread whatever the store: a start of many chunks takes seconds.
-        started = await self.store.offload(
-            start_batch,
-            self.db,
-            agent=agent_name,
-            jobs=list(jobs),
-            batch_id=batch_id,
-            name=name,
-            started_by=started_by,
-            options=options,
-            tools_digest=digest,
-            queue=queue,
-            restart_changed=restart_changed,
-            budget=None if budget is None else budget.to_wire(),
-            run_budget=None if run_budget is None else run_budget.to_wire(),
-            on_chunk=send_chunk,
+        spec = await self._spec(agent, started_by=started_by, batch_id=batch_id, budget=run_budget)
+        return await self._starts.batch(
+            spec, jobs, name=name, restart_changed=restart_changed, options=options, budget=budget
         )
-        if went:
-            # Not when nothing went: a broker that is down would only be waited for again.
-            await self._dispatch.batches_changed()
-        return started
 
-    async def _agent(self, agent: Agent | str) -> tuple[str, str | None, str | None]:
-        """The agent's name, and when this process knows the agent, its tools' digest and
-        the queue its turns go to."""
+    async def _spec(
+        self,
+        agent: Agent | str,
+        *,
+        started_by: str | None,
+        batch_id: str | None,
+        budget: Budget | None,
+    ) -> RunSpec:
+        """How runs of `agent` start: with, when this process knows the agent, its tools'
+        digest and the queue its turns go to."""
         name = agent.name if isinstance(agent, Agent) else agent
         known = agent if isinstance(agent, Agent) else self._known(name)
+        spec = RunSpec(
+            name,
+            started_by=started_by,
+            batch_id=batch_id,
+            budget=None if budget is None else budget.to_wire(),
+        )
         if known is None:
-            return name, None, None
+            return spec
         self._dispatch.serve(known)
-        return name, (await known.toolkit()).digest(), known.queue
-
-    def _known(self, name: str) -> Agent | None:
-        """The agent registered as `name`, importing `RELAYQ_AGENTS` the first time one is
-        missing (so a run started by name goes to its agent's queue)."""
-        found = registered_agents().get(name)
-        if found is None and self.settings.agents and not self._loaded_agents:
-            self._loaded_agents = True
-            load_agents(self.settings.agents)
-            found = registered_agents().get(name)
-        return found
+        digest = (await known.toolkit()).digest()
+        return replace(spec, tools_digest=digest, queue=known.queue)
 
     async def result(
         self, run_id: str, *, wait: bool = False, timeout: float | None = None
@@ -372,34 +290,13 @@ class DurableClient:
             results = await asyncio.gather(*(client.result(r, wait=True) for r in run_ids))
         """
         if wait:
-            await self._settle(run_id, timeout)
+            await self._waits.until_settled(run_id, timeout)
         return await self.store(run_result, self.db, run_id)
 
     async def settled(self, run_id: str, *, timeout: float | None = None) -> None:
         """Return once the run is done, pending, failed or cancelled, reading nothing else:
         for a host following many runs, that reads them all together when one moves."""
-        await self._settle(run_id, timeout)
-
-    async def _settle(self, run_id: str, timeout: float | None, since: int | None = None) -> None:
-        """Return once the run is settled. `since`: the subscription this client heard
-        announcements on before the run last changed here (`_listening`)."""
-        if self.waiting == "pushed":
-            await self._waiter_here().wait(run_id, timeout, heard_since=since)
-            return
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.01
-        status = "unknown"
-        while True:
-            try:
-                status, done = await self.store(settled, self.db, run_id)
-            except StoreUnavailable:
-                done = False  # an outage ends no wait (as for a pushed one: `tasks.waiting`)
-            if done:
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(run_id, status, timeout or 0.0)
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+        await self._waits.until_settled(run_id, timeout)
 
     async def run(
         self,
@@ -411,36 +308,27 @@ class DurableClient:
         budget: Budget | None = None,
     ) -> RunResult:
         """Start a run and wait until it is done or waits on the host."""
-        since = self._listening()
+        since = self._waits.listening()
         run_id = await self.start(agent, prompt, conversation_id=conversation_id, budget=budget)
         return await self._follow(run_id, timeout, since)
 
     def _waiter_here(self) -> RunWaiter:
         """This client's waiter on the running loop (a client may outlive a loop)."""
-        if self._waiter is None or self._waiter.loop is not asyncio.get_running_loop():
-            if self._waiter is not None:
-                self._waiter.close()
-            seconds = self.recheck_every.total_seconds()
-            self._waiter = RunWaiter(self.settings, self.db, self.store, recheck=seconds)
-        return self._waiter
-
-    def _listening(self) -> int | None:
-        """The subscription this client hears announcements on now, if any: a run that
-        settles after a change made from here on is announced to it."""
-        return self._waiter_here().subscription if self.waiting == "pushed" else None
+        return self._waits.waiter_here()
 
     async def _follow(self, run_id: str, timeout: float | None, since: int | None) -> RunResult:
+        """Wait for the run to settle, answering each request it waits on with `wait_for`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await self._settle(run_id, left, since)
+            await self._waits.until_settled(run_id, left, since)
             res = await self.store(run_result, self.db, run_id)
             if res.status != "pending" or self._wait_for is None or res.pending is None:
                 return res
             answer = self._wait_for(res.pending)
             if inspect.isawaitable(answer):
                 answer = await answer
-            since = self._listening()
+            since = self._waits.listening()
             await self.submit_answer(answer)
 
     async def requests(
@@ -487,8 +375,16 @@ class DurableClient:
             limit=limit,
             cursor=cursor,
         )
+        return await self.query_requests(query, all_pages=all_pages)
+
+    async def query_requests(
+        self, query: RequestQuery, *, all_pages: bool = False
+    ) -> Page[StoredRequest]:
+        """The page of stored requests `query` picks (`requests` builds one from keywords;
+        the CLI and the API from their options); with `all_pages`, one page of them all.
+        BadQuery for a filter, sort, limit or cursor the store does not take."""
         listing = all_requests if all_pages else query_requests
-        return await self.store(listing, self.db, query)
+        return await self.store.offload(listing, self.db, query)
 
     async def submit_answer(
         self,
@@ -517,23 +413,9 @@ class DurableClient:
         edit, decline): NotAnApproval, changing nothing, for a request that is not
         an approval, whose calls take results instead.
         """
-        reply = _answer_of(answer)
-        who = decider.name if decider is not None else answered_by
-        check_answer(reply, answered_by=who, max_bytes=self.settings.max_answer_bytes)
-        since = time.time_ns()
-        accepted = await self.store(
-            accept_answer,
-            self.db,
-            reply,
-            answered_by=answered_by,
-            partial=partial,
-            decider=decider,
-            decision=decision,
+        return await self._answers.submit(
+            answer, answered_by=answered_by, partial=partial, decider=decider, decision=decision
         )
-        via = decider.via if decider is not None else "python"
-        await self._decided([(reply, accepted)], since=since, via=via)
-        await self._publish(accepted.outbox)
-        return accepted.run_id
 
     async def submit_many(
         self,
@@ -549,17 +431,7 @@ class DurableClient:
         BulkRefused, with nothing changed, names every request that refused its
         answer and why; each answer is checked as `submit_answer` checks one.
         """
-        replies = [_answer_of(a) for a in answers]
-        for reply in replies:
-            check_answer(reply, answered_by=decider.name, max_bytes=self.settings.max_answer_bytes)
-        seen = revisions or {}
-        since = time.time_ns()
-        accepted = await self.store(
-            accept_many, self.db, [(r, seen.get(r.id)) for r in replies], decider=decider
-        )
-        await self._decided(zip(replies, accepted, strict=True), since=since, via=decider.via)
-        await self._publish([row for a in accepted for row in a.outbox])
-        return [a.run_id for a in accepted if a.complete]
+        return await self._answers.submit_many(answers, decider=decider, revisions=revisions)
 
     async def decide_many(
         self,
@@ -578,22 +450,7 @@ class DurableClient:
         request that refuses the decision (unknown, not an approval, decided or
         voted on since, not the decider's to decide) and nothing is changed.
         """
-        if decision == "decline" and not (reason or "").strip():
-            raise BulkRefused(tuple((rid, "declining takes a reason") for rid in revisions))
-        stored = await self.store(get_requests, self.db, list(revisions))
-        refused = [
-            (rid, f"no request {rid}" if rid not in stored else f"{rid} is not an approval")
-            for rid in revisions
-            if rid not in stored or (decision == "approve" and not is_approval(stored[rid].request))
-        ]
-        if refused:
-            raise BulkRefused(tuple(refused))
-        answers = [
-            approve(rid) if decision == "approve" else decline(rid, reason or "")
-            for rid in revisions
-        ]
-        known = {rid: seen for rid, seen in revisions.items() if seen is not None}
-        return await self.submit_many(answers, decider=decider, revisions=known)
+        return await self._answers.decide_many(revisions, decision, decider=decider, reason=reason)
 
     async def run_with_answer(
         self,
@@ -603,14 +460,8 @@ class DurableClient:
         timeout: float | None = None,
     ) -> RunResult:
         """Answer the request a run waits on, and wait for the run to settle again."""
-        request = Request.model_validate(pending)
-        reply = _answer_of(answer)
-        if reply.id != request.id:
-            raise AnswerMismatch(
-                f"answer id {reply.id!r} does not echo the pending request id {request.id!r}",
-                request.id,
-            )
-        since = self._listening()
+        reply = answer_to(pending, answer)
+        since = self._waits.listening()
         run_id = await self.submit_answer(reply)
         return await self._follow(run_id, timeout, since)
 
@@ -623,15 +474,12 @@ class DurableClient:
     async def cancel(self, run_id: str) -> str:
         """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""
         status = await self.store(cancel_run, self.db, run_id)
-        if self._waiter is not None and self._waiter.loop is asyncio.get_running_loop():
-            self._waiter.wake([run_id])  # no worker announces a cancel made here
+        self._waits.changed_here(run_id)  # no worker announces a cancel made here
         return status
 
     def close(self) -> None:
         self._dispatch.close()
-        if self._waiter is not None:
-            self._waiter.close()
-            self._waiter = None
+        self._waits.close()
         if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None
@@ -643,19 +491,5 @@ class DurableClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._waiter is not None and self._waiter.loop is asyncio.get_running_loop():
-            await self._waiter.aclose()  # its connection closed before the loop may end
-            self._waiter = None
+        await self._waits.aclose()  # its connection closed before the loop may end
         self.close()
-
-
-def _answer_of(answer: Answer | dict[str, Any]) -> Answer:
-    """The answer parsed by the one strict parser (the HTTP API's too); ResumeError if malformed."""
-    try:
-        return Answer.model_validate(answer)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "answer"
-        given = answer.get("id") if isinstance(answer, dict) else None
-        request_id = given if isinstance(given, str) else None
-        raise AnswerMismatch(f"malformed answer: {where}: {first['msg']}", request_id) from None

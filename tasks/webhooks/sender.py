@@ -47,7 +47,7 @@ from store.webhooks import (
     record,
 )
 from tasks.storeio import StoreCalls
-from tasks.webhook_endpoints import (
+from tasks.webhooks.endpoints import (
     DEFAULT_PUBLIC_URL,
     Endpoint,
     parse_public_url,

@@ -19,28 +19,29 @@ never both open a circuit or both probe it: the first outage error opens it (its
 turn becomes the prober: it comes back for the first probe after
 RELAYQ_PROVIDER_PROBE_EVERY), a call past `probe_at` takes the probe with a lease
 (a probe whose worker died frees it when the lease runs out), and an answer
-closes it, deleting every key and handing the waiting runs to a `relayq.wake_runs`
-message, so they go again at once instead of at the end of their countdowns.
+closes it, deleting every key and handing the waiting runs to its `wake` (a
+`relayq.wake_runs` message: `tasks.broker.circuit`), so they go again at once instead
+of at the end of their countdowns.
 
 A process trusts what it last read of a circuit for at most `REFRESH` seconds: a
 call on a closed circuit costs no round trip, a turn kept back by an open one
 none either until its probe is due. When Redis cannot be reached the circuit is
 left out (a warning): outage errors spend the turn's retries as they would
 without it, and no turn waits on a broker outage.
+
+The process's circuit, its hooks and its waker are `tasks.broker.circuit`'s; the circuits as
+read for people (/metrics, `relayq batch status`) are `tasks.broker.circuit_views`'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import threading
 import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis
@@ -57,30 +58,14 @@ from relayq.circuit import (
     Wait,
 )
 from relayq.ratelimit import ProviderLimits
-from store.outbox import MAINTENANCE_QUEUE, WAKE_TASK
-from tasks.settings import Settings
 
-__all__ = [
-    "REFRESH",
-    "WAKE_TASK",
-    "CircuitLog",
-    "CircuitView",
-    "RedisCircuit",
-    "add_hooks",
-    "batch_waits",
-    "circuit_for",
-    "read_circuits",
-    "since_text",
-]
+__all__ = ["REFRESH", "RedisCircuit", "Wake", "decoded"]
 
-log = logging.getLogger(__name__)
+# The logger of all of the provider circuit (`tasks.broker.circuit`), where its lines always were.
+log = logging.getLogger("tasks.broker.circuit")
 
 REFRESH = 1.0
 """Seconds a process trusts the circuit state it last read, before it asks Redis again."""
-_WAKE_CHUNK = 500
-"""Run ids per wake message."""
-_WAKE_EXPIRES = 300.0
-"""Seconds a wake-up message is worth delivering: past them, the countdowns do as well."""
 _TTL_MS = 86_400_000
 """A circuit's keys outlive their last write by a day: a whole fleet gone leaves none for
 good (its next probe, or this, ends it)."""
@@ -330,8 +315,8 @@ class RedisCircuit(Circuit):
             self._unavailable(limits, exc)
             return Ticket(limits=limits)
         verdict, opened, wait, kind = cast(list[Any], reply)
-        verdict = _text(verdict)
-        kind = cast(OutageKind | None, _text(kind) or None)
+        verdict = decoded(verdict)
+        kind = cast(OutageKind | None, decoded(kind) or None)
         state = cast(CircuitState, "half_open" if verdict == "probe" else verdict)
         seen = _Seen(state, now + self._trust(int(wait) / 1e6), int(opened) / 1e6, kind)
         self._see(limits, seen, ours=verdict == "probe")
@@ -364,8 +349,8 @@ class RedisCircuit(Circuit):
             self._unavailable(limits, exc)
             return None
         verdict, opened, wait = cast(list[Any], reply)
-        ours = _text(verdict) in ("opened", "reopened")
-        reopened = _text(verdict) == "reopened"
+        ours = decoded(verdict) in ("opened", "reopened")
+        reopened = decoded(verdict) == "reopened"
         retry_in = int(wait) / 1e6
         seen = _Seen("open", time.monotonic() + self._trust(retry_in), int(opened) / 1e6, kind)
         self._see(limits, seen, ours=ours, probe_failed=reopened)
@@ -390,7 +375,7 @@ class RedisCircuit(Circuit):
         except (redis.RedisError, OSError, ValueError) as exc:
             self._unavailable(limits, exc)
             return
-        runs = [_text(r) for r in reply[2]] if reply[0] else []
+        runs = [decoded(r) for r in reply[2]] if reply[0] else []
         opened = int(reply[1]) / 1e6 if reply[0] else 0.0
         closed = _Seen("closed", time.monotonic() + REFRESH, opened)
         self._see(limits, closed, ours=bool(reply[0]), woken=len(runs))
@@ -436,171 +421,6 @@ class RedisCircuit(Circuit):
             return True
 
 
-def _text(value: object) -> str:
+def decoded(value: object) -> str:
+    """A value Redis returned, as text ("" for none)."""
     return value.decode() if isinstance(value, bytes) else str(value or "")
-
-
-# -- reading the circuits: /metrics and `relayq batch status` ---------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class CircuitView:
-    """One circuit that is not closed, as Redis holds it."""
-
-    provider: str
-    """The provider's label, `host/model`."""
-    host: str
-    model: str
-    state: CircuitState
-    opened_at: float
-    """Unix seconds."""
-    kind: str
-    waiting: int
-    """Runs waiting for it."""
-    probes: int
-    batch_since: float | None = None
-    """When the asked-for batch's first run began to wait for it (None: none waits)."""
-
-
-def read_circuits(
-    client: redis.Redis, prefix: str, *, batch_id: str | None = None
-) -> list[CircuitView]:
-    """Every circuit not closed under `prefix` (blocking; raises redis.RedisError)."""
-    names = sorted(_text(n) for n in cast(set[bytes], client.smembers(f"{prefix}circuits")))
-    with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.hmget(name, "state", "opened", "label", "host", "model", "kind", "probes")
-            pipe.hlen(f"{name}:waiting")
-            pipe.hget(f"{name}:batches", batch_id or "")
-        found = pipe.execute()
-    views = []
-    for n in range(len(names)):
-        fields, waiting, batch_since = found[3 * n : 3 * n + 3]
-        state, opened, label, host, model, kind, probes = (_text(f) for f in fields)
-        if not state:
-            continue  # closed (or expired) since the registry was read
-        views.append(
-            CircuitView(
-                provider=label,
-                host=host,
-                model=model,
-                state=cast(CircuitState, state),
-                opened_at=int(opened or 0) / 1e6,
-                kind=kind,
-                waiting=int(waiting),
-                probes=int(probes or 0),
-                batch_since=int(batch_since) / 1e6 if batch_id and batch_since else None,
-            )
-        )
-    return views
-
-
-def batch_waits(settings: Settings, batch_id: str) -> list[CircuitView]:
-    """The circuits not closed that runs of batch `batch_id` wait for (blocking); none when
-    the broker is not Redis or does not answer."""
-    url = settings.redis_url
-    if url is None:
-        return []
-    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        views = read_circuits(client, settings.key_prefix, batch_id=batch_id)
-    except (redis.RedisError, OSError) as exc:
-        log.warning("could not read the provider circuits: %s", type(exc).__name__)
-        return []
-    finally:
-        client.close()
-    return [view for view in views if view.batch_since is not None]
-
-
-def since_text(moment: float) -> str:
-    """A circuit's moment for people: UTC, to the second."""
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-# -- logging, and the process's circuit -------------------------------------------------------
-
-
-class CircuitLog(CircuitHooks):
-    """One line per change this process sees: opened, probed (and the probe failed), closed."""
-
-    def after_change(self, event: CircuitChange) -> None:
-        since = since_text(event.opened_at) if event.opened_at else "?"
-        if event.probe_failed:
-            log.info(
-                "provider %s: the probe failed (%s); circuit open since %s",
-                event.provider,
-                event.kind or "outage",
-                since,
-            )
-        elif event.state == "open":
-            log.warning(
-                "provider %s is down (%s): circuit open since %s; its turns wait without "
-                "spending tries",
-                event.provider,
-                event.kind or "outage",
-                since,
-            )
-        elif event.state == "half_open":
-            log.info("provider %s: circuit half-open, this worker probes it", event.provider)
-        else:
-            log.warning(
-                "provider %s answers again: circuit closed (open since %s), %d waiting runs woken",
-                event.provider,
-                since,
-                event.woken,
-            )
-
-
-_HOOKS: list[CircuitHooks] = [CircuitLog()]
-_circuits: dict[tuple[int, str, str, bool], Circuit] = {}
-_lock = threading.Lock()
-
-
-def add_hooks(hooks: CircuitHooks) -> None:
-    """Tell `hooks` of every circuit change this process sees."""
-    _HOOKS.append(hooks)
-
-
-def _waker(settings: Settings) -> Wake:
-    """Send the woken runs to a worker in `relayq.wake_runs` messages (maintenance queue)."""
-    from tasks.publish import sender_app
-
-    sender = sender_app(settings)
-
-    def send(runs: list[str]) -> None:
-        for start in range(0, len(runs), _WAKE_CHUNK):
-            chunk = runs[start : start + _WAKE_CHUNK]
-            # Expiring: with no worker on the queue (an eager host's broker) it is dropped
-            # unread, and the runs' countdowns bring them back.
-            sender.send_task(
-                WAKE_TASK, args=[chunk], queue=MAINTENANCE_QUEUE, expires=_WAKE_EXPIRES
-            )
-
-    async def wake(runs: list[str]) -> None:
-        await asyncio.to_thread(send, runs)
-
-    return wake
-
-
-def circuit_for(settings: Settings) -> Circuit:
-    """This process's circuits: on the broker's Redis, under the settings' key prefix; the
-    always-closed base when the broker is not Redis or RELAYQ_PROVIDER_CIRCUIT is off."""
-    key = (os.getpid(), settings.broker_url, settings.key_prefix, settings.provider_circuit)
-    with _lock:
-        circuit = _circuits.get(key)
-        if circuit is None:
-            url = settings.redis_url
-            # An embedded broker no process has started: nothing to share a circuit with.
-            unstarted = settings.embedded_broker and not settings.socket_path.exists()
-            if url is None or unstarted or not settings.provider_circuit:
-                circuit = Circuit(_HOOKS)
-            else:
-                circuit = RedisCircuit(
-                    url,
-                    prefix=settings.key_prefix,
-                    probe_every=settings.provider_probe_every,
-                    hooks=_HOOKS,
-                    wake=_waker(settings),
-                )
-            _circuits[key] = circuit
-        return circuit
