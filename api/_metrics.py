@@ -17,7 +17,6 @@ import hmac
 import os
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -60,7 +59,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         broker,
         queues=_queues,
         providers=_providers,
-        worker_timeout=timedelta(seconds=client.settings.worker_timeout_seconds),
+        worker_timeout=client.settings.recovery.worker_timeout,
     )
     try:
         yield

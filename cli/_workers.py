@@ -125,4 +125,4 @@ def _connect(conn: object) -> None:
 
 def _beating(db: Database, settings: Settings) -> int:
     with db.read() as s:
-        return len(live_workers(s, now=utcnow(), timeout=settings.worker_timeout))
+        return len(live_workers(s, now=utcnow(), timeout=settings.recovery.worker_timeout))

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from cli import approvals, batch, batches, host, processes
+from cli import approvals, batch, batches, host, processes, request_commands
 
 __all__ = ["app", "main"]
 
@@ -84,8 +84,8 @@ app.command()(host.runs)
 app.command()(host.show)
 app.command()(host.cancel)
 # Requests
-app.command()(host.pending)
-app.command()(host.answer)
+app.command()(request_commands.pending)
+app.command()(request_commands.answer)
 app.command()(approvals.bulk)
 app.command()(approvals.audit)
 

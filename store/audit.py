@@ -132,7 +132,7 @@ def list_decisions(
     """Decisions, newest first, filtered; and the cursor of the next page (None: last).
 
     Paged by id, which only grows: a page is stable however many rows come in. The
-    cursor carries the filters of its page, as every listing's does (`store.requests`):
+    cursor carries the filters of its page, as every listing's does (`store.request_listing`):
     `--cursor` alone, or `?cursor=` alone, pages on through the same trail.
     """
     filters = query or AuditQuery()

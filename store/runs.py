@@ -78,7 +78,7 @@ def label_of(run: RunRow) -> str:
 class RunSpec:
     """How runs start: what each run started with it shares, one run or a batch's
     thousands. Built once where a start is asked for (`tasks.DurableClient`), and
-    passed whole to `create_run`, `create_runs` and `store.batches.start_batch`.
+    passed whole to `create_run`, `create_runs` and `store.batch_start.start_batch`.
     """
 
     agent: str
@@ -152,7 +152,7 @@ def create_runs(
 
     Every prompt is checked before anything is written; the runs are then written
     `CHUNK` to a transaction. A caller that dies between two leaves the chunks it
-    wrote: a batch (`store.batches.start_batch`) is what starts each job exactly once.
+    wrote: a batch (`store.batch_start.start_batch`) is what starts each job exactly once.
     """
     check_run_input(agent=spec.agent, prompts=[prompt for _, prompt in runs])
     if job_ids is not None and len(job_ids) != len(runs):

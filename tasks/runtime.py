@@ -198,8 +198,8 @@ class Runtime:
         self.heartbeat = Heartbeat(
             self.db,
             self.worker_id,
-            every=settings.heartbeat_every,
-            timeout=settings.worker_timeout_seconds,
+            every=settings.recovery.heartbeat_every.total_seconds(),
+            timeout=settings.recovery.worker_timeout.total_seconds(),
         )
         self.hooks = Hooks(
             [
@@ -276,11 +276,12 @@ class Runtime:
                 await self.sweep()
             except Exception as exc:
                 log.warning("sweep failed: %s", safe_text(exc))
-            await asyncio.sleep(self.settings.sweep_every * random.uniform(0.8, 1.2))
+            every = self.settings.recovery.sweep_every.total_seconds()
+            await asyncio.sleep(every * random.uniform(0.8, 1.2))
 
     async def _deliver_forever(self) -> None:
         # Every worker process sends webhooks; the store's claims share the work out.
-        if self.settings.webhooks:
+        if self.settings.webhooks.endpoints:
             sender = WebhookSender.from_settings(self.settings, self.db, io=self.io)
             await sender.run_forever()
 
@@ -290,7 +291,7 @@ class Runtime:
         report = await self.io(
             sweep,
             self.db,
-            recovery=self.settings.recovery(),
+            recovery=self.settings.recovery.bounds(),
             waiting=waiting,
             worker=self.worker_id,
             working=self.working.runs,

@@ -11,56 +11,24 @@ Each setting is read from, first to last:
 
 The environment beats the configuration as Celery's own `CELERY_BROKER_URL`
 beats `broker_url`: the config module ships with the code, the environment is
-the deployment's. An empty value counts as unset.
+the deployment's. An empty value counts as unset. In the configuration a duration
+may also be a number or a `timedelta`, a count an int, a flag a bool:
+`relayq_turn_time_limit = timedelta(minutes=5)`.
 
-| variable | default | meaning |
-|---|---|---|
-| `RELAYQ_HOME` | `.relayq` | folder for the SQLite database and the embedded broker |
-| `RELAYQ_DATABASE_URL` | SQLite at `$RELAYQ_HOME/relayq.db` | `postgresql+psycopg://...` |
-| `RELAYQ_SQLITE_BUSY_TIMEOUT` | `30` | seconds a SQLite write waits for the lock (`store.db`) |
-| `RELAYQ_BROKER_URL` | the embedded Redis on `$RELAYQ_HOME/redis.sock` | the Celery broker |
-| `RELAYQ_KEY_PREFIX` | `relayq:` | prefix of every broker key, so relayq can share a Redis |
-| `RELAYQ_AGENTS` | (none) | comma-separated modules that define the agents |
-| `RELAYQ_HOOKS` | (none) | comma-separated `module:Class` hooks of every run (`tasks.hooks`) |
-| `RELAYQ_TURN_TIME_LIMIT` | `600` | seconds one turn may take before it is stopped |
-| `RELAYQ_MODEL_RETRIES` | `5` | retries of a failing model call before the run fails |
-| `RELAYQ_CRASH_LIMIT` | `10` | worker deaths one turn survives before its run fails |
-| `RELAYQ_RETRY_BASE` | `1.0` | first retry's backoff in seconds; doubles, up to 60 |
-| `RELAYQ_HEARTBEAT_EVERY` | `2` | seconds between a worker process's heartbeats |
-| `RELAYQ_WORKER_TIMEOUT` | `10` | seconds without a heartbeat before a worker counts as dead |
-| `RELAYQ_SWEEP_EVERY` | `5` | seconds between each worker's sweeps (beat sweeps as often) |
-| `RELAYQ_REDELIVER_AFTER` | `10` | seconds before a lost message (effect overdue) is sent again |
-| `RELAYQ_OUTBOX_GRACE` | `5` | seconds before a committed message never marked sent is sent again |
-| `RELAYQ_VISIBILITY_TIMEOUT` | `3600` | the Redis broker's redelivery of unacknowledged messages |
-| `RELAYQ_POOL` | `asyncio` | `asyncio` (many turns per process), `prefork`, `threads` |
-| `RELAYQ_CONCURRENCY` | 500 (asyncio), CPUs (others) | turns one worker process runs at once |
-| `RELAYQ_TASK_EVENTS` | `0` | `1`: task events from the start, not once Flower asks |
-| `RELAYQ_MAX_ANSWER_BYTES` | `1048576` | largest answer (or prompt) taken, in bytes of JSON |
-| `RELAYQ_WEBHOOKS` | (none) | JSON list of webhook endpoints: name, url, secret, format, events |
-| `RELAYQ_PUBLIC_URL` | `http://127.0.0.1:8000` | the API's address, for the links webhooks carry |
-| `RELAYQ_WEBHOOK_ATTEMPTS` | `40` | attempts of one webhook delivery before it is given up |
-| `RELAYQ_WEBHOOK_RETRY_BASE` | `1.0` | first backoff of a delivery in seconds; doubles, up to 1 h |
-| `RELAYQ_WEBHOOK_TIMEOUT` | `10` | seconds one webhook attempt may take |
-| `RELAYQ_WEBHOOK_CONCURRENCY` | `16` | webhook requests in flight at once per worker process |
-| `RELAYQ_LIMIT_WAIT` | `30` | seconds a turn waits in place for provider limits, else re-queued |
-| `RELAYQ_PROVIDER_OUTAGE_LIMIT` | `3600` | seconds a run waits for a provider that is down |
-| `RELAYQ_PROVIDER_PROBE_EVERY` | `5` | seconds between probe calls to a provider that is down |
-| `RELAYQ_PROVIDER_CIRCUIT` | `1` | `0`: no circuit; outage errors spend the run's retries |
-| `RELAYQ_WORKER_BATCHES` | `serve` | the `-Q` queues' batches: `serve` them too, `skip`, `only` |
-| `RELAYQ_BATCH_POLL` | `2` | seconds between a worker's looks at the store for active batches |
-
-In the configuration a duration may also be a number or a `timedelta`, a count
-an int, a flag a bool: `relayq_turn_time_limit = timedelta(minutes=5)`.
+The settings come in groups, one per concern (`settings.turns.time_limit`,
+`settings.recovery.worker_timeout`, ...); each setting, its default and its
+variable are declared once, on its group's field. docs/configuration.md lists
+every one (tests/tasks/test_settings_table.py holds the two together).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kombu import Exchange, Queue
 
@@ -80,6 +48,21 @@ from store.outbox import (
     WAKE_TASK,
 )
 from tasks.hooks import RunHooks
+from tasks.setting_fields import (
+    CONF_PREFIX,
+    ENV_PREFIX,
+    WORKER_BATCHES,
+    Option,
+    Source,
+    answer_bytes,
+    count,
+    names,
+    option,
+    read_fields,
+    shown_default,
+    text,
+    worker_batches,
+)
 from tasks.webhooks.endpoints import (
     DEFAULT_PUBLIC_URL,
     Endpoint,
@@ -93,12 +76,17 @@ __all__ = [
     "MAX_COUNTDOWN",
     "QUEUES",
     "WORKER_BATCHES",
+    "Option",
+    "ProviderSettings",
+    "RecoverySettings",
     "Settings",
+    "TurnSettings",
+    "WebhookSettings",
+    "WorkerSettings",
+    "options",
     "queue_named",
 ]
 
-ENV_PREFIX = "RELAYQ_"
-CONF_PREFIX = "relayq_"
 
 MAX_COUNTDOWN = MAX_DELAY
 
@@ -107,8 +95,6 @@ MAX_COUNTDOWN = MAX_DELAY
 QUEUES = (TURN_QUEUE, ANSWER_QUEUE, MAINTENANCE_QUEUE)
 
 assert DEFAULT_QUEUE == TURN_QUEUE, "an agent's default queue is the store's turn queue"
-
-T = TypeVar("T")
 
 
 def queue_named(name: str) -> Queue:
@@ -120,153 +106,135 @@ def queue_named(name: str) -> Queue:
     return Queue(name, Exchange(name), routing_key=name)
 
 
-class _Source:
-    """One setting's raw value: the environment's, else the configuration's, else None."""
-
-    def __init__(self, env: Mapping[str, str], conf: Mapping[str, Any] | None) -> None:
-        self.env = env
-        self.conf = conf if conf is not None else {}
-
-    def raw(self, name: str) -> tuple[str, Any] | None:
-        """(where it was found, the value), for `name` like `turn_time_limit`."""
-        key = ENV_PREFIX + name.upper()
-        value: Any = self.env.get(key)
-        if value is not None and value != "":
-            return key, value
-        key = CONF_PREFIX + name
-        value = self.conf.get(key)
-        if value is not None and value != "":
-            return key, value
-        return None
-
-    def read(self, name: str, default: T, parse: Callable[[str, Any], T]) -> T:
-        found = self.raw(name)
-        return default if found is None else parse(*found)
-
-    def text(self, name: str, default: str) -> str:
-        return self.read(name, default, lambda _, v: str(v))
-
-    def seconds(self, name: str, default: float) -> float:
-        return self.read(name, float(default), _seconds)
-
-    def count(self, name: str, default: int) -> int:
-        return self.read(name, default, _count(0))
-
-    def flag(self, name: str, default: bool = False) -> bool:
-        def parse(_: str, value: Any) -> bool:
-            if isinstance(value, bool):
-                return value
-            return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-        return self.read(name, default, parse)
+# -- the groups --------------------------------------------------------------------------------
 
 
-def _count(minimum: int) -> Callable[[str, Any], int]:
-    def parse(key: str, value: Any) -> int:
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{key} must be a whole number, not {value!r}") from None
-        if isinstance(value, bool | float) or number < minimum:
-            raise ValueError(f"{key} must be a whole number of at least {minimum}, not {value!r}")
-        return number
+@dataclass(frozen=True, kw_only=True)
+class TurnSettings:
+    """How long a turn may take, and how often it is tried again."""
 
-    return parse
-
-
-def _seconds(key: str, value: Any) -> float:
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    else:
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{key} must be a number of seconds, not {value!r}") from None
-    if seconds <= 0:
-        raise ValueError(f"{key} must be more than 0 seconds, not {value!r}")
-    return seconds
+    time_limit: timedelta = option("turn_time_limit", default=timedelta(seconds=600))
+    """A turn's time: Celery's soft time limit, and each agent's default."""
+    model_retries: int = option("model_retries", default=5)
+    """Retries of a failing model call before the run fails, unless the agent sets its own."""
+    crash_limit: int = option("crash_limit", default=10)
+    """Times a turn is taken over from a dead worker before its run fails: a turn that
+    kills its worker every time must not take workers down forever, and a worker
+    killed for other reasons (a deploy, the OOM killer) must not fail the runs it held."""
+    retry_base: timedelta = option("retry_base", default=timedelta(seconds=1))
+    """The first retry's backoff; it doubles, up to `MAX_COUNTDOWN`."""
 
 
-WORKER_BATCHES = ("serve", "skip", "only")
-"""What a worker does with the batch queues (`store.batch_queues`) of the queues it is told
-to consume (`-Q`): consume them beside those queues, never, or instead of those queues."""
+@dataclass(frozen=True, kw_only=True)
+class RecoverySettings:
+    """How soon a dead worker's runs and a lost message are found and sent on."""
+
+    heartbeat_every: timedelta = option("heartbeat_every", default=timedelta(seconds=2))
+    worker_timeout: timedelta = option("worker_timeout", default=timedelta(seconds=10))
+    """Without a heartbeat for this long, a worker counts as dead; its claims go to others."""
+    sweep_every: timedelta = option("sweep_every", default=timedelta(seconds=5))
+    redeliver_after: timedelta = option("redeliver_after", default=timedelta(seconds=10))
+    """A sent message's effect overdue by this much, once it left its queue: sent again."""
+    outbox_grace: timedelta = option("outbox_grace", default=timedelta(seconds=5))
+    """A committed message never marked sent, this long after: sent again."""
+    visibility_timeout: timedelta = option("visibility_timeout", default=timedelta(seconds=3600))
+    """Redis redelivers a message not acknowledged within it. Recovery does not wait
+    for it (the sweeper acts within seconds); every time limit and retry countdown
+    stays well below it, or the broker would hand a live turn's message out again."""
+
+    def bounds(self) -> Recovery:
+        """The sweeper's bounds (`store.Recovery`)."""
+        return Recovery(
+            worker_timeout=self.worker_timeout,
+            outbox_grace=self.outbox_grace,
+            redeliver_after=self.redeliver_after,
+        )
 
 
-def _worker_batches(key: str, value: Any) -> str:
-    mode = str(value).strip().lower()
-    if mode not in WORKER_BATCHES:
-        raise ValueError(f"{key} must be serve, skip or only, not {value!r}")
-    return mode
+@dataclass(frozen=True, kw_only=True)
+class WorkerSettings:
+    """How a worker process runs its turns, and what it tells the world of them."""
+
+    pool: str = option("pool", default="asyncio")
+    """`asyncio` (many turns per process), `prefork` or `threads`."""
+    concurrency: int | None = option(
+        "concurrency", parse=count(1), shown="500 (asyncio), CPUs (others)", default=None
+    )
+    """Turns one process runs at once; None: the pool's own default."""
+    task_events: bool = option("task_events", default=False)
+    """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
+    task_log: bool = option("task_log", default=True)
+    """Log each task received and finished at INFO, as Celery does; off, a busy worker's
+    log keeps what matters (a turn costs a little less CPU, and Flower still shows each)."""
+    batches: str = option("worker_batches", parse=worker_batches, default="serve")
+    """`serve`: a worker consumes its queues and their active batches' queues; `skip`: never
+    a batch's (an interactive-only worker); `only`: its queues' batches' and not the queues."""
+    batch_poll: timedelta = option("batch_poll", default=timedelta(seconds=2))
+    """Between a worker's looks at the store for the batch queues to consume: a batch's
+    first turn may wait that long for a worker."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookSettings:
+    """Where events are delivered (`tasks.webhooks`), and how hard each is tried."""
+
+    endpoints: tuple[Endpoint, ...] = option("webhooks", parse=None, default=())
+    """The endpoints; their repr shows no URL or secret."""
+    public_url: str = option("public_url", parse=parse_public_url, default=DEFAULT_PUBLIC_URL)
+    """Where people reach the API and its inbox: the base of the links webhooks carry."""
+    attempts: int = option("webhook_attempts", parse=count(1), default=40)
+    """Attempts of one delivery before it is given up (`failed`)."""
+    retry_base: timedelta = option("webhook_retry_base", default=timedelta(seconds=1))
+    """Before a failed delivery's second attempt; doubles, up to an hour."""
+    timeout: timedelta = option("webhook_timeout", default=timedelta(seconds=10))
+    """What one attempt may take, from connecting to the reply's status."""
+    concurrency: int = option("webhook_concurrency", parse=count(1), default=16)
+    """Webhook requests in flight at once, per worker process."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProviderSettings:
+    """How turns wait for model providers: their shared limits and their outages."""
+
+    limit_wait: timedelta = option("limit_wait", default=timedelta(seconds=30))
+    """What a turn may wait in place (an asyncio sleep) for its provider's shared limits
+    (`tasks.broker.limiter`); a longer wait sends it back to its queue with a countdown."""
+    outage_limit: timedelta = option("provider_outage_limit", default=timedelta(seconds=3600))
+    """What a run may wait for a provider whose circuit is open (`tasks.broker.circuit`)
+    before it fails, saying since when the provider has been down."""
+    probe_every: timedelta = option("provider_probe_every", default=timedelta(seconds=5))
+    """Between probe calls to a provider whose circuit is open (longer when its 5xx asks
+    for longer with Retry-After)."""
+    circuit: bool = option("provider_circuit", default=True)
+    """An unreachable provider, its 5xx and its timeouts open a circuit shared through
+    Redis, and turns wait for it without spending tries; off, they spend the retries."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    home: Path
-    database_url: str
-    broker_url: str
-    embedded_broker: bool
+    home: Path = option("home", shown=".relayq", default=Path(".relayq"))
+    database_url: str = option(
+        "database_url", shown="SQLite (WAL) at `$RELAYQ_HOME/relayq.db`", default=""
+    )
+    broker_url: str = option(
+        "broker_url", shown="the embedded Redis on `$RELAYQ_HOME/redis.sock`", default=""
+    )
+    embedded_broker: bool = True
     """True when no broker URL was configured: the embedded Redis serves."""
-    key_prefix: str
-    agents: str
-    hooks: tuple[str, ...] = ()
+    key_prefix: str = option("key_prefix", default="relayq:")
+    agents: str = option("agents", default="")
+    """Comma-separated modules that define the agents."""
+    hooks: tuple[str, ...] = option("hooks", parse=names, default=())
     """`module:Class` names of the hooks a runtime registers after its own (`tasks.hooks`)."""
-    turn_time_limit: float
-    """Seconds a turn may take: Celery's soft time limit, and each agent's default."""
-    model_retries: int
-    """Retries of a failing model call before the run fails, unless the agent sets its own."""
-    crash_limit: int
-    """Times a turn is taken over from a dead worker before its run fails: a turn that
-    kills its worker every time must not take workers down forever, and a worker
-    killed for other reasons (a deploy, the OOM killer) must not fail the runs it held."""
-    retry_base: float
-    pool: str
-    concurrency: int | None
-    heartbeat_every: float
-    worker_timeout_seconds: float
-    sweep_every: float
-    redeliver_after_seconds: float
-    outbox_grace_seconds: float
-    visibility_timeout: float
-    """Redis redelivers a message not acknowledged within it. Recovery does not wait
-    for it (the sweeper acts within seconds); every time limit and retry countdown
-    stays well below it, or the broker would hand a live turn's message out again."""
-    task_events: bool
-    """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
-    task_log: bool = True
-    """Log each task received and finished at INFO, as Celery does; off, a busy worker's
-    log keeps what matters (a turn costs a little less CPU, and Flower still shows each)."""
-    max_answer_bytes: int = limits.DEFAULT_MAX_ANSWER_BYTES
+    max_answer_bytes: int = option(
+        "max_answer_bytes", parse=answer_bytes, default=limits.DEFAULT_MAX_ANSWER_BYTES
+    )
     """The largest answer (and prompt) taken, as compact UTF-8 JSON; see `relayq.limits`."""
-    webhooks: tuple[Endpoint, ...] = ()
-    """Where events are sent (`tasks.webhooks.sender`); their repr shows no URL or secret."""
-    public_url: str = DEFAULT_PUBLIC_URL
-    """Where people reach the API and its inbox: the base of the links webhooks carry."""
-    webhook_attempts: int = 40
-    """Attempts of one delivery before it is given up (`failed`)."""
-    webhook_retry_base: float = 1.0
-    """Seconds before a failed delivery's second attempt; doubles, up to an hour."""
-    webhook_timeout: float = 10.0
-    """Seconds one attempt may take, from connecting to the reply's status."""
-    webhook_concurrency: int = 16
-    """Webhook requests in flight at once, per worker process."""
-    limit_wait: float = 30.0
-    """Seconds a turn may wait in place (an asyncio sleep) for its provider's shared limits
-    (`tasks.broker.limiter`); a longer wait sends it back to its queue with a countdown."""
-    provider_outage_limit: float = 3600.0
-    """Seconds a run may wait for a provider whose circuit is open (`tasks.broker.circuit`) before
-    it fails, saying since when the provider has been down."""
-    provider_probe_every: float = 5.0
-    """Seconds between probe calls to a provider whose circuit is open (longer when its
-    5xx asks for longer with Retry-After)."""
-    provider_circuit: bool = True
-    """An unreachable provider, its 5xx and its timeouts open a circuit shared through
-    Redis, and turns wait for it without spending tries; off, they spend the retries."""
-    worker_batches: str = "serve"
-    """`serve`: a worker consumes its queues and their active batches' queues; `skip`: never
-    a batch's (an interactive-only worker); `only`: its queues' batches' and not the queues."""
-    batch_poll: float = 2.0
-    """Seconds between a worker's looks at the store for the batch queues to consume: a
-    batch's first turn may wait that long for a worker."""
+    turns: TurnSettings = field(default_factory=TurnSettings)
+    recovery: RecoverySettings = field(default_factory=RecoverySettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
+    providers: ProviderSettings = field(default_factory=ProviderSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -285,59 +253,38 @@ class Settings:
             app.config_from_object("myconfig")
             settings = Settings.load(conf=app.conf)
         """
-        src = _Source(os.environ if env is None else env, conf)
-        home = Path(src.text("home", ".relayq")).resolve()
-        broker = src.text("broker_url", "")
+        src = Source(os.environ if env is None else env, conf)
+        found = read_fields(cls, src, skip=("home", "database_url", "broker_url"))
+        home = Path(src.value("home", str(cls.home), text)).resolve()
+        broker = src.value("broker_url", "", text)
+        none: tuple[Endpoint, ...] = ()
+        endpoints = src.value("webhooks", none, lambda k, v: parse_webhooks(k, v, src.env))
         settings = cls(
+            **found,
             home=home,
-            database_url=src.text("database_url", f"sqlite:///{home / 'relayq.db'}"),
+            database_url=src.value("database_url", f"sqlite:///{home / 'relayq.db'}", text),
             broker_url=broker or f"redis+socket://{home / 'redis.sock'}",
             embedded_broker=not broker,
-            key_prefix=src.text("key_prefix", "relayq:"),
-            agents=src.text("agents", ""),
-            hooks=tuple(n.strip() for n in src.text("hooks", "").split(",") if n.strip()),
-            turn_time_limit=src.seconds("turn_time_limit", 600),
-            model_retries=src.count("model_retries", 5),
-            crash_limit=src.count("crash_limit", 10),
-            retry_base=src.seconds("retry_base", 1.0),
-            pool=src.text("pool", "asyncio"),
-            concurrency=src.read("concurrency", None, _count(1)),
-            heartbeat_every=src.seconds("heartbeat_every", 2),
-            worker_timeout_seconds=src.seconds("worker_timeout", 10),
-            sweep_every=src.seconds("sweep_every", 5),
-            redeliver_after_seconds=src.seconds("redeliver_after", 10),
-            outbox_grace_seconds=src.seconds("outbox_grace", 5),
-            visibility_timeout=src.seconds("visibility_timeout", 3600),
-            task_events=src.flag("task_events"),
-            task_log=src.flag("task_log", True),
-            max_answer_bytes=src.read(
-                "max_answer_bytes",
-                limits.DEFAULT_MAX_ANSWER_BYTES,
-                lambda _, v: limits.max_answer_bytes({limits.MAX_ANSWER_BYTES_ENV: str(v)}),
+            turns=TurnSettings(**read_fields(TurnSettings, src)),
+            recovery=RecoverySettings(**read_fields(RecoverySettings, src)),
+            worker=WorkerSettings(**read_fields(WorkerSettings, src)),
+            webhooks=WebhookSettings(
+                **read_fields(WebhookSettings, src, skip=("endpoints",)), endpoints=endpoints
             ),
-            webhooks=src.read("webhooks", (), lambda k, v: parse_webhooks(k, v, src.env)),
-            public_url=src.read("public_url", DEFAULT_PUBLIC_URL, parse_public_url),
-            webhook_attempts=src.read("webhook_attempts", 40, _count(1)),
-            webhook_retry_base=src.seconds("webhook_retry_base", 1.0),
-            webhook_timeout=src.seconds("webhook_timeout", 10),
-            webhook_concurrency=src.read("webhook_concurrency", 16, _count(1)),
-            limit_wait=src.seconds("limit_wait", 30),
-            provider_outage_limit=src.seconds("provider_outage_limit", 3600),
-            provider_probe_every=src.seconds("provider_probe_every", 5),
-            provider_circuit=src.flag("provider_circuit", True),
-            worker_batches=src.read("worker_batches", "serve", _worker_batches),
-            batch_poll=src.seconds("batch_poll", 2),
+            providers=ProviderSettings(**read_fields(ProviderSettings, src)),
         )
         settings._check()
         return settings
 
     def _check(self) -> None:
-        if self.turn_time_limit + 120 >= self.visibility_timeout:
+        turn = self.turns.time_limit.total_seconds()
+        visibility = self.recovery.visibility_timeout.total_seconds()
+        if turn + 120 >= visibility:
             raise ValueError(
                 f"RELAYQ_TURN_TIME_LIMIT must stay well below the broker's visibility "
-                f"timeout (RELAYQ_VISIBILITY_TIMEOUT, {self.visibility_timeout:.0f} s)"
+                f"timeout (RELAYQ_VISIBILITY_TIMEOUT, {visibility:.0f} s)"
             )
-        if self.heartbeat_every * 2 > self.worker_timeout_seconds:
+        if self.recovery.heartbeat_every * 2 > self.recovery.worker_timeout:
             raise ValueError(
                 "RELAYQ_WORKER_TIMEOUT must be at least twice RELAYQ_HEARTBEAT_EVERY, "
                 "or a live worker would be taken for dead"
@@ -348,7 +295,7 @@ class Settings:
     def retries_of(self, agent: Agent | None) -> int:
         """Retries of a failing model call for `agent`'s runs (None: an agent not known here)."""
         if agent is None or agent.retries is None:
-            return self.model_retries
+            return self.turns.model_retries
         return agent.retries
 
     def time_limit_of(self, agent: Agent) -> float:
@@ -357,13 +304,14 @@ class Settings:
         The worker's limit is Celery's soft time limit (and the asyncio pool's): an
         agent's own must run out first, for its turn to be retried as a timeout.
         """
+        worker = self.turns.time_limit.total_seconds()
         if agent.turn_time_limit is None:
-            return self.turn_time_limit
+            return worker
         seconds = agent.turn_time_limit.total_seconds()
-        if seconds >= self.turn_time_limit:
+        if seconds >= worker:
             raise AgentError(
                 f"agent {agent.name!r}: turn_time_limit ({seconds:g} s) must stay below "
-                f"the worker's RELAYQ_TURN_TIME_LIMIT ({self.turn_time_limit:g} s)",
+                f"the worker's RELAYQ_TURN_TIME_LIMIT ({worker:g} s)",
                 agent.name,
             )
         return seconds
@@ -386,18 +334,6 @@ class Settings:
             )
 
     @property
-    def worker_timeout(self) -> timedelta:
-        return timedelta(seconds=self.worker_timeout_seconds)
-
-    def recovery(self) -> Recovery:
-        """The sweeper's bounds, from these settings."""
-        return Recovery(
-            worker_timeout=self.worker_timeout,
-            outbox_grace=timedelta(seconds=self.outbox_grace_seconds),
-            redeliver_after=timedelta(seconds=self.redeliver_after_seconds),
-        )
-
-    @property
     def redis_url(self) -> str | None:
         """The broker's Redis, as redis-py names it; None when the broker is not Redis."""
         url = self.broker_url
@@ -417,7 +353,7 @@ class Settings:
             "broker_url": self.broker_url,
             "broker_connection_retry_on_startup": True,
             "broker_transport_options": {
-                "visibility_timeout": self.visibility_timeout,
+                "visibility_timeout": self.recovery.visibility_timeout.total_seconds(),
                 "global_keyprefix": self.key_prefix,
             },
             # Each queue on its own exchange and key: a message reaches one queue only.
@@ -438,3 +374,23 @@ class Settings:
             "task_ignore_result": True,
             "result_backend": None,
         }
+
+
+_GROUPS: tuple[tuple[str, type], ...] = (
+    ("", Settings),
+    ("turns.", TurnSettings),
+    ("recovery.", RecoverySettings),
+    ("worker.", WorkerSettings),
+    ("webhooks.", WebhookSettings),
+    ("providers.", ProviderSettings),
+)
+
+
+def options() -> list[Option]:
+    """Every setting, in its group's order: the docs' table is held to it."""
+    return [
+        Option(ENV_PREFIX + f.metadata["option"].upper(), shown_default(f), prefix + f.name)
+        for prefix, group in _GROUPS
+        for f in fields(group)
+        if "option" in f.metadata
+    ]

@@ -47,7 +47,9 @@ async def retry_or_fail(rt: Runtime, claim: Claim, exc: ModelError | TimeoutErro
     if not retryable:
         await fail_turn(rt, claim, error, exc)
     retry_after = exc.retry_after if isinstance(exc, ModelError) else None
-    countdown = backoff(claim.attempts, retry_after, base=rt.settings.retry_base)
+    countdown = backoff(
+        claim.attempts, retry_after, base=rt.settings.turns.retry_base.total_seconds()
+    )
     queue = agent.queue if agent is not None else None
     row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown, queue=queue)
     summary = f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}"
@@ -80,7 +82,7 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Out
     circuit = circuit_for(rt.settings)
     wait = await circuit.waiting(exc.key, claim.run_id, claim.batch_id, probing=exc.probing)
     waited = 0.0 if wait is None else time.time() - wait.since
-    limit = rt.settings.provider_outage_limit
+    limit = rt.settings.providers.outage_limit.total_seconds()
     if waited >= limit:
         error = (
             f"provider {exc.provider} down since {since_text(exc.opened_at)} "
@@ -91,7 +93,11 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Out
         await fail_turn(rt, claim, error, exc)
     probing = wait is not None and wait.probing
     countdown = outage_countdown(
-        exc.retry_in, waited, rt.settings.provider_probe_every, limit, probing=probing
+        exc.retry_in,
+        waited,
+        rt.settings.providers.probe_every.total_seconds(),
+        limit,
+        probing=probing,
     )
     row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
     if wait is None or not await circuit.still_waiting(exc.key, claim.run_id):

@@ -103,7 +103,7 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
             return Outcome(TurnOutcome.SKIPPED, "skipped: stale or duplicate message")
         async with TurnReport(rt, task, claim) as report:
             try:
-                if claim.crashes > rt.settings.crash_limit:
+                if claim.crashes > rt.settings.turns.crash_limit:
                     # The turn keeps killing its worker.
                     error = f"the worker died {claim.crashes} times running this turn; giving up"
                     await fail_turn(rt, claim, error)
@@ -158,9 +158,9 @@ async def _claim(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -
         run_id,
         version,
         task_id=task.id if task is not None else None,
-        lease=rt.settings.worker_timeout,
+        lease=rt.settings.recovery.worker_timeout,
         worker=rt.worker_id,
-        worker_timeout=rt.settings.worker_timeout,
+        worker_timeout=rt.settings.recovery.worker_timeout,
         kept=rt.transcripts.take(run_id, version),
         heartbeats_steady=rt.heartbeat.steady,
     )
@@ -217,7 +217,7 @@ def _time_limit(settings: Settings, agent: Agent) -> float:
     before the deadline starts (the claim) and after it (the retry's store write
     and send): 5 s, or a quarter of a limit under 20 s.
     """
-    soft = settings.turn_time_limit
+    soft = settings.turns.time_limit.total_seconds()
     return min(settings.time_limit_of(agent), soft - min(5.0, soft / 4))
 
 

@@ -8,6 +8,8 @@ passes on a fresh machine and its summary says what it did not test.
 `RELAYQ_REQUIRE=browser,postgres,redis`): for those, `missing` fails the test
 instead, and without `redis` the durable tests fail rather than fall back to
 the embedded broker.
+
+It also holds the fixtures that tests in more than one folder take (`spans`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from collections import Counter
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 REQUIRE = "RELAYQ_REQUIRE"
 PARTS = {
@@ -140,6 +145,26 @@ def lane_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def machine_parts(pytestconfig: pytest.Config) -> Parts:
     """What the session requires and found missing: `machine_parts.lacking(...)`."""
     return pytestconfig.stash[_PARTS]
+
+
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    """relayq's spans in this process, in memory (the tracing tests of tests/tasks and
+    tests/durable)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tasks.observability import tracing
+
+    monkeypatch.delenv(tracing.OTEL_ENV, raising=False)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_tracer_provider(provider)
+    yield exporter
+    tracing.use_tracer_provider(None)
+    provider.shutdown()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -93,7 +93,7 @@ def _prepare_worker(**_: Any) -> None:
 @celeryd_after_setup.connect
 def _note_unserved_queues(instance: Any = None, **_: Any) -> None:
     """Say which agents' turns this worker leaves to others (once `-Q` applied and logs work)."""
-    if settings.worker_batches == "only":
+    if settings.worker.batches == "only":
         return  # a batch worker leaves every interactive turn to others; it says so at start
     queues = getattr(instance, "app", app).amqp.queues
     consumed = queues.consume_from or queues  # no selection: every declared queue
@@ -109,7 +109,7 @@ def _note_unserved_queues(instance: Any = None, **_: Any) -> None:
 @after_setup_logger.connect
 def _quiet_task_lines(**_: Any) -> None:
     """`RELAYQ_TASK_LOG=0`: no INFO line per task received and per task finished."""
-    if not settings.task_log:
+    if not settings.worker.task_log:
         for name in TASK_LINE_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
 

@@ -49,7 +49,7 @@ class BatchQueues(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.settings = Settings.load(conf=parent.app.conf)
-        self.mode = self.settings.worker_batches
+        self.mode = self.settings.worker.batches
         queues = parent.app.amqp.queues
         self.bases = tuple(name for name in queues.consume_from if not is_batch_queue(name))
         """The queues `-Q` named: the agents' queues whose batches this worker may take."""
@@ -78,7 +78,7 @@ class BatchQueues(bootsteps.StartStopStep):
             "only" if self.mode == "only" else "also",
             ", ".join(self.bases) or "no queue",
             self.mode,
-            self.settings.batch_poll,
+            self.settings.worker.batch_poll.total_seconds(),
         )
         self._thread = threading.Thread(
             target=self._poll, args=(parent,), name="relayq-batch-queues", daemon=True
@@ -109,7 +109,7 @@ class BatchQueues(bootsteps.StartStopStep):
             except Exception as exc:
                 log.warning(
                     "could not read the active batches (again in %g s): %s: %s",
-                    self.settings.batch_poll,
+                    self.settings.worker.batch_poll.total_seconds(),
                     type(exc).__name__,
                     str(exc).splitlines()[0] if str(exc) else "",
                 )
@@ -117,7 +117,7 @@ class BatchQueues(bootsteps.StartStopStep):
                 # Celery's consumer is not thread-safe: its event loop runs this (the
                 # hub's `call_soon` wakes it), as it runs the remote-control commands.
                 parent.call_soon(self._follow, parent, wanted)
-            self._look.wait(self.settings.batch_poll)
+            self._look.wait(self.settings.worker.batch_poll.total_seconds())
             self._look.clear()
             if self._stop.is_set():
                 return

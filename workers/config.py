@@ -16,8 +16,10 @@ __all__ = ["QUEUES", "celery_config"]
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    hard_limit = settings.turn_time_limit + 30
-    assert hard_limit < settings.visibility_timeout, "a turn must end before it is redelivered"
+    hard_limit = settings.turns.time_limit.total_seconds() + 30
+    visibility = settings.recovery.visibility_timeout.total_seconds()
+    assert hard_limit < visibility, "a turn must end before it is redelivered"
+    sweep_every = settings.recovery.sweep_every.total_seconds()
     worker = {
         # A message is acknowledged only when its task has finished, so a
         # worker that dies mid-turn leaves it to be delivered again ...
@@ -33,7 +35,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Soft limit: the turn is interrupted and re-queued with backoff; hard
         # limit: the process is killed. Both below the visibility timeout. (The
         # asyncio pool times a turn out itself, a few seconds before the soft limit.)
-        "task_soft_time_limit": settings.turn_time_limit,
+        "task_soft_time_limit": settings.turns.time_limit.total_seconds(),
         "task_time_limit": hard_limit,
         # Task events feed Flower, which turns them on in every worker while it
         # runs (its `enable_events` broadcast; a worker that starts while Flower
@@ -41,15 +43,18 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # until then: three events a turn cost about a sixth of a worker's turns
         # per second. Their arguments are `argsrepr`: ids and the turn number,
         # never prompts or secrets.
-        "worker_send_task_events": settings.task_events,
+        "worker_send_task_events": settings.worker.task_events,
         # The "sent" event doubles the cost of every send: it goes with task events.
-        "task_send_sent_event": settings.task_events,
+        "task_send_sent_event": settings.worker.task_events,
         # The sweeper re-sends what was lost and expires overdue requests.
         "beat_schedule": {
             "relayq-sweep": {
                 "task": SWEEP_TASK,
-                "schedule": settings.sweep_every,
-                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_every * 2},
+                "schedule": sweep_every,
+                "options": {
+                    "queue": MAINTENANCE_QUEUE,
+                    "expires": settings.recovery.sweep_every.total_seconds() * 2,
+                },
             }
         },
         # A lost broker connection cancels the running tasks' reservations
@@ -73,9 +78,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def _pool(settings: Settings) -> dict[str, Any]:
     """The asyncio pool keeps hundreds of turns in flight per process (see `workers.aio`)."""
-    if settings.pool == "asyncio":
+    if settings.worker.pool == "asyncio":
         return {
             "worker_pool": "workers.aio:AsyncioPool",
-            "worker_concurrency": settings.concurrency or 500,
+            "worker_concurrency": settings.worker.concurrency or 500,
         }
-    return {"worker_pool": settings.pool, "worker_concurrency": settings.concurrency}
+    return {"worker_pool": settings.worker.pool, "worker_concurrency": settings.worker.concurrency}

@@ -110,7 +110,7 @@ def keep_watch_mark(settings: Settings, app: Celery) -> threading.Thread | None:
 def events_from_start(app: Celery, settings: Settings) -> None:
     """Before the worker reads its settings (`celeryd_init`): task events, and `task-sent`
     events, from the start when a Flower watches."""
-    if not settings.task_events and flower_watching(settings):
+    if not settings.worker.task_events and flower_watching(settings):
         app.conf.update(worker_send_task_events=True, task_send_sent_event=True)
 
 

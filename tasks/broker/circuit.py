@@ -107,20 +107,20 @@ def _waker(settings: Settings) -> Wake:
 def circuit_for(settings: Settings) -> Circuit:
     """This process's circuits: on the broker's Redis, under the settings' key prefix; the
     always-closed base when the broker is not Redis or RELAYQ_PROVIDER_CIRCUIT is off."""
-    key = (os.getpid(), settings.broker_url, settings.key_prefix, settings.provider_circuit)
+    key = (os.getpid(), settings.broker_url, settings.key_prefix, settings.providers.circuit)
     with _lock:
         circuit = _circuits.get(key)
         if circuit is None:
             url = settings.redis_url
             # An embedded broker no process has started: nothing to share a circuit with.
             unstarted = settings.embedded_broker and not settings.socket_path.exists()
-            if url is None or unstarted or not settings.provider_circuit:
+            if url is None or unstarted or not settings.providers.circuit:
                 circuit = Circuit(_HOOKS)
             else:
                 circuit = RedisCircuit(
                     url,
                     prefix=settings.key_prefix,
-                    probe_every=settings.provider_probe_every,
+                    probe_every=settings.providers.probe_every.total_seconds(),
                     hooks=_HOOKS,
                     wake=_waker(settings),
                 )

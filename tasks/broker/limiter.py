@@ -467,6 +467,6 @@ def limited_model(settings: Settings, agent: Agent, time_limit: float) -> Model:
         return agent.durable_model
     limits = ProviderLimits.of(agent.provider.config)
     limiter = limiter_for(settings) if limits.limited else _WATCHER
-    max_wait = min(settings.limit_wait, time_limit / 2)
+    max_wait = min(settings.providers.limit_wait.total_seconds(), time_limit / 2)
     limited = LimitedModel(agent.durable_model, limiter, limits, max_wait=max_wait)
     return CircuitModel(limited, circuit_for(settings), limits)

@@ -33,7 +33,6 @@ from store import (
     Page,
     RequestQuery,
     RunRow,
-    RunSpec,
     Started,
     StoredRequest,
     all_requests,
@@ -51,7 +50,6 @@ from tasks.broker.peek import redis_url
 from tasks.broker.publish import sender_app
 from tasks.hooks import Hooks, Sending, hooks_named
 from tasks.host.answering import Answering, answer_to
-from tasks.host.known_agents import KnownAgents
 from tasks.host.settling import Settling, Waiting
 from tasks.host.starting import Starting
 from tasks.host.waiting import RunWaiter, WaitTimeout
@@ -121,15 +119,11 @@ class DurableClient:
         migrate(self.db)
         self.eager = eager
         self._wait_for = wait_for
-        self._known = KnownAgents(self.settings.agents)
         if waiting not in ("pushed", "polled"):
             raise ValueError(f"waiting is pushed or polled, not {waiting!r}")
         # An eager client settles its runs itself, and only Redis carries announcements.
         pushed = not eager and redis_url(self.settings) is not None
-        self.waiting: Waiting = waiting if pushed else "polled"
-        """How `result(wait=True)` waits: woken by announcements, or polling each run."""
-        self.recheck_every = recheck_every
-        """How often every run waited on is read anyway (pushed waiting)."""
+        how: Waiting = waiting if pushed else "polled"
         self.inline_store = self.db.is_sqlite
         """Store calls run on the event loop (SQLite) while its lock is free."""
         self._threads: ThreadPoolExecutor | None = None
@@ -157,9 +151,27 @@ class DurableClient:
         # The verbs' work (composition): starting runs, waiting for them, taking answers.
         self._starts = Starting(self.settings, self.db, self.store, self._dispatch, self._publish)
         self._waits = Settling(
-            self.settings, self.db, self.store, waiting=self.waiting, recheck_every=recheck_every
+            self.settings, self.db, self.store, waiting=how, recheck_every=recheck_every
         )
         self._answers = Answering(self.settings, self.db, self.store, self.hooks, self._publish)
+
+    @property
+    def waiting(self) -> Waiting:
+        """How `result(wait=True)` waits: woken by announcements, or polling each run."""
+        return "pushed" if self._waits.pushed else "polled"
+
+    @waiting.setter
+    def waiting(self, how: Waiting) -> None:
+        self._waits.pushed = how == "pushed"
+
+    @property
+    def recheck_every(self) -> timedelta:
+        """How often every run waited on is read anyway (pushed waiting)."""
+        return self._waits.recheck_every
+
+    @recheck_every.setter
+    def recheck_every(self, every: timedelta) -> None:
+        self._waits.recheck_every = every
 
     @property
     def app(self) -> Celery:
@@ -202,7 +214,9 @@ class DurableClient:
         UnstorableInput (InputTooLarge), with nothing written, for a prompt the
         store cannot keep: a NUL character, a lone surrogate, over the size limit.
         """
-        spec = await self._spec(agent, started_by=started_by, batch_id=batch_id, budget=budget)
+        spec = await self._starts.spec(
+            agent, started_by=started_by, batch_id=batch_id, budget=budget
+        )
         return await self._starts.one(spec, prompt, conversation_id=conversation_id, job_id=job_id)
 
     async def start_many(
@@ -224,7 +238,9 @@ class DurableClient:
         chunk at a time (`store.runs.CHUNK`), so a long start never holds SQLite's lock
         for long; for each job started exactly once across crashes, use `start_batch`.
         """
-        spec = await self._spec(agent, started_by=started_by, batch_id=batch_id, budget=budget)
+        spec = await self._starts.spec(
+            agent, started_by=started_by, batch_id=batch_id, budget=budget
+        )
         return await self._starts.many(spec, prompts, job_ids=job_ids)
 
     async def start_batch(
@@ -251,34 +267,12 @@ class DurableClient:
         rerun's replaces the batch's), `run_budget` what each run it starts may; `name`
         what a new batch is known by (`store.find_batch`).
         """
-        spec = await self._spec(agent, started_by=started_by, batch_id=batch_id, budget=run_budget)
+        spec = await self._starts.spec(
+            agent, started_by=started_by, batch_id=batch_id, budget=run_budget
+        )
         return await self._starts.batch(
             spec, jobs, name=name, restart_changed=restart_changed, options=options, budget=budget
         )
-
-    async def _spec(
-        self,
-        agent: Agent | str,
-        *,
-        started_by: str | None,
-        batch_id: str | None,
-        budget: Budget | None,
-    ) -> RunSpec:
-        """How runs of `agent` start: with, when this process knows the agent, its tools'
-        digest and the queue its turns go to."""
-        name = agent.name if isinstance(agent, Agent) else agent
-        known = agent if isinstance(agent, Agent) else self._known(name)
-        spec = RunSpec(
-            name,
-            started_by=started_by,
-            batch_id=batch_id,
-            budget=None if budget is None else budget.to_wire(),
-        )
-        if known is None:
-            return spec
-        self._dispatch.serve(known)
-        digest = (await known.toolkit()).digest()
-        return replace(spec, tools_digest=digest, queue=known.queue)
 
     async def result(
         self, run_id: str, *, wait: bool = False, timeout: float | None = None

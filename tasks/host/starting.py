@@ -1,20 +1,22 @@
 """A host's starts (`DurableClient.start`, `start_many`, `start_batch`): the prompts
 checked, the runs written, and their first turns' messages sent.
 
-What each run starts as (its agent, tools digest and queue: a `RunSpec`) is the
-client's to say (`DurableClient._spec`)."""
+Each verb's options become one `RunSpec` (`Starting.spec`), passed whole to the store."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from relayq import new_id
+from relayq.agents import Agent
 from relayq.budgets import Budget
 from relayq.limits import check_run_input
 from store import Database, OutboxRow, RunSpec, Started, create_run, create_runs, start_batch
 from tasks.broker.dispatch import Dispatch
+from tasks.host.known_agents import KnownAgents
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
 
@@ -37,6 +39,31 @@ class Starting:
         self.store = store
         self.dispatch = dispatch
         self.publish = publish
+        self._known = KnownAgents(settings.agents)
+
+    async def spec(
+        self,
+        agent: Agent | str,
+        *,
+        started_by: str | None,
+        batch_id: str | None,
+        budget: Budget | None,
+    ) -> RunSpec:
+        """How runs of `agent` start: with, when this process knows the agent, its tools'
+        digest and the queue its turns go to."""
+        name = agent.name if isinstance(agent, Agent) else agent
+        known = agent if isinstance(agent, Agent) else self._known(name)
+        spec = RunSpec(
+            name,
+            started_by=started_by,
+            batch_id=batch_id,
+            budget=None if budget is None else budget.to_wire(),
+        )
+        if known is None:
+            return spec
+        self.dispatch.serve(known)
+        digest = (await known.toolkit()).digest()
+        return replace(spec, tools_digest=digest, queue=known.queue)
 
     async def one(
         self, spec: RunSpec, prompt: str, *, conversation_id: str | None, job_id: str | None

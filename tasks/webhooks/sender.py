@@ -247,16 +247,14 @@ class WebhookSender:
     def from_settings(
         cls, settings: Settings, db: Database, *, io: Io | None = None
     ) -> WebhookSender:
+        hooks = settings.webhooks
         return cls(
             db,
-            settings.webhooks,
-            public_url=settings.public_url,
-            policy=RetryPolicy(
-                attempts=settings.webhook_attempts,
-                base=timedelta(seconds=settings.webhook_retry_base),
-            ),
-            timeout=timedelta(seconds=settings.webhook_timeout),
-            concurrency=settings.webhook_concurrency,
+            hooks.endpoints,
+            public_url=hooks.public_url,
+            policy=RetryPolicy(attempts=hooks.attempts, base=hooks.retry_base),
+            timeout=hooks.timeout,
+            concurrency=hooks.concurrency,
             io=io,
         )
 

@@ -1,4 +1,12 @@
-"""Real parts for the durable tests: a Redis, a database, and Celery workers in other processes.
+"""Real parts for the durable tests: a Redis, a database, Celery workers in other processes,
+and the API over real HTTP.
+
+tests/durable holds only tests that run across processes: real worker processes, and the
+brokers, stores and APIs they meet (the eager hosts' tests among them run on the session's
+stores, `database_url`). A test that takes none of these parts (`durable`, `spare_workers`,
+`broker`, `client`, `api`, ...) and starts no process of its own goes with the package it
+tests instead: tests/relayq, tests/store, tests/tasks, tests/workers (the Celery
+configuration, the asyncio pool, Flower), tests/api or tests/cli.
 
 Redis: the machine's server (127.0.0.1:6379) when it answers, on the db
 number of this xdist lane (tests.lanes) and under key prefixes of this session
@@ -8,6 +16,9 @@ and dropped after it when a server answers on 127.0.0.1:5432 (the postgresql
 half is marked `postgres` and skipped without one). Where `RELAYQ_REQUIRE`
 names them (tests/conftest.py), a missing PostgreSQL or machine's Redis is a
 failure instead of a skip or the embedded broker.
+The API: `api`, once per module, serves the session's store and broker from a thread to
+the people of `TOKENS`; a module whose people differ overrides it with
+`yield from serve_api(durable, ITS_TOKENS)`.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -27,11 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import psycopg
 import pytest
 import redis
+import uvicorn
+from fastapi import FastAPI
 
 import tests.durable.agents  # noqa: F401  (the host knows the agents, as a real one would)
+from api.app import create_app
 from store import Database
 from tasks import DurableClient, Settings
 from tests.forkserver import Proc, spawn
@@ -350,3 +366,74 @@ def unique_name(name: str) -> str:
     lane's tests share one store."""
     stem, dot, suffix = name.partition(".")
     return f"{stem}-{uuid.uuid4().hex[:8]}{dot}{suffix}"
+
+
+# -- the API, over real HTTP from a thread -----------------------------------------------------
+
+VIEWER, APPROVER, OTHER_APPROVER, SUBMITTER = (
+    "tok-view-1",
+    "tok-approve-1",
+    "tok-bob-1",
+    "tok-sub-1",
+)
+TOKENS = (
+    f"vic:viewer:{VIEWER},alice:approver:{APPROVER},"
+    f"bob:approver:{OTHER_APPROVER},sam:submitter:{SUBMITTER}"
+)
+"""The API's people most modules share: vic views, alice and bob approve, sam submits."""
+TOKEN_OF_ROLE = {"viewer": VIEWER, "approver": APPROVER, "submitter": SUBMITTER}
+
+
+@dataclass
+class ApiServer:
+    url: str
+    app: FastAPI
+
+    def http(self, token: str | None = None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            trust_env=False,
+            timeout=httpx.Timeout(10, read=30),
+        )
+
+
+def serve_in_thread(app: FastAPI) -> Iterator[ApiServer]:
+    """Run `app` under uvicorn on a free port in a thread; stop it after."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", ws="none", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="api-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the API server did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield ApiServer(url=f"http://127.0.0.1:{port}", app=app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        # An event stream left open would hold the server up: none may be.
+        assert not thread.is_alive(), "the API server did not stop"
+
+
+@contextlib.contextmanager
+def serving(settings: Settings, tokens: str = TOKENS) -> Iterator[ApiServer]:
+    """The API on `settings`' store and broker, for the people of `tokens`, until the block ends."""
+    yield from serve_in_thread(create_app(settings, tokens=tokens))
+
+
+def serve_api(durable: Durable, tokens: str = TOKENS) -> Iterator[ApiServer]:
+    """What a module's `api` yields: the API on `durable`'s store and broker, for `tokens`."""
+    with serving(durable.settings, tokens) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def api(durable: Durable) -> Iterator[ApiServer]:
+    yield from serve_api(durable)

@@ -25,8 +25,8 @@ from store.models import DecisionRow, RequestRow, RunRow, VoteRow, utcnow
 from tasks import DurableClient
 from tests.seeding import insert_rows, rows_like
 
-from .conftest import Durable, Eventually
-from .test_api import ApiServer, csrf_of
+from .conftest import ApiServer, Durable, Eventually
+from .test_api import csrf_of
 
 FAY, GIL, SID, VAL, SUE = "t0k-fay", "t0k-gil", "t0k-sid", "t0k-val", "t0k-sue"
 DESK_TOKENS = (

@@ -1,9 +1,10 @@
-"""Hooks and an agent for the hooks tests (`tests/durable/test_hooks.py`).
+"""Hooks and an agent for the hooks tests (tests/tasks/test_hooks.py, tests/durable/test_hooks.py).
 
 `hooked` calls its local tool `stamp`, then the relay tool `confirm`, then ends,
 reporting usage on every reply. `FileHook`, named in `RELAYQ_HOOKS` for a worker,
 writes each event it sees as one line of `hooks.log` under `RELAYQ_TEST_LOG`, so a
-test in another process reads what the worker's hooks saw.
+test in another process reads what the worker's hooks saw. `Recorder` keeps what it is
+told of in a list, in this process; `Broken` fails in each hook it has.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from relayq import Agent, InProcessRequest, InProcessResponse, InProcessToolCall
 from relayq.relay import relay_tool
 from tasks.hooks import (
     ModelCalled,
+    ModelCalling,
     RequestOpened,
     RunHooks,
     RunSettled,
@@ -108,3 +110,40 @@ class TokensPerTenant(RunHooks):
 
 tokens_per_tenant = TokensPerTenant()
 """One instance, for `RELAYQ_HOOKS=tests.durable.hook_agents:tokens_per_tenant`."""
+
+
+class Recorder(RunHooks):
+    """Every event it is told of, as (its name, the method, the event)."""
+
+    def __init__(self, name: str, seen: list[tuple[str, str, Any]]) -> None:
+        self.name = name
+        self.seen = seen
+
+    def before_turn(self, event: TurnStarted) -> None:
+        self.seen.append((self.name, "before_turn", event))
+
+    def after_turn(self, event: TurnEnded) -> None:
+        self.seen.append((self.name, "after_turn", event))
+
+    def before_model_call(self, event: ModelCalling) -> None:
+        self.seen.append((self.name, "before_model_call", event))
+
+    async def after_model_call(self, event: ModelCalled) -> None:  # async hooks are awaited
+        self.seen.append((self.name, "after_model_call", event))
+
+    def after_tool(self, event: ToolRan) -> None:
+        self.seen.append((self.name, "after_tool", event))
+
+    def after_run_settled(self, event: RunSettled) -> None:
+        self.seen.append((self.name, "after_run_settled", event))
+
+
+class Broken(RunHooks):
+    def before_turn(self, event: TurnStarted) -> None:
+        raise RuntimeError("the secret prompt")
+
+    def after_turn(self, event: TurnEnded) -> None:
+        raise RuntimeError("the secret prompt")
+
+    def after_model_call(self, event: ModelCalled) -> None:
+        raise RuntimeError("the secret prompt")

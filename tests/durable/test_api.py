@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -14,75 +12,19 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
-from api._auth import Principal
-from api._inbox import templates
-from api._inbox_lists import Filters
-from api._inbox_views import item_of
-from api.app import create_app
-from relayq import Request
-from store import StoredRequest
-from store.models import utcnow
 from tests.store.test_request_queries import listing_rows, seeded_requests
 
-from .conftest import Durable, Eventually
-
-VIEWER, APPROVER, OTHER_APPROVER, SUBMITTER = (
-    "tok-view-1",
-    "tok-approve-1",
-    "tok-bob-1",
-    "tok-sub-1",
+from .conftest import (
+    APPROVER,
+    OTHER_APPROVER,
+    SUBMITTER,
+    TOKEN_OF_ROLE,
+    VIEWER,
+    ApiServer,
+    Durable,
+    Eventually,
 )
-TOKENS = (
-    f"vic:viewer:{VIEWER},alice:approver:{APPROVER},"
-    f"bob:approver:{OTHER_APPROVER},sam:submitter:{SUBMITTER}"
-)
-TOKEN_OF_ROLE = {"viewer": VIEWER, "approver": APPROVER, "submitter": SUBMITTER}
-
-
-@dataclass
-class ApiServer:
-    url: str
-    app: FastAPI
-
-    def http(self, token: str | None = None) -> httpx.AsyncClient:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.AsyncClient(
-            base_url=self.url,
-            headers=headers,
-            trust_env=False,
-            timeout=httpx.Timeout(10, read=30),
-        )
-
-
-def serve_in_thread(app: FastAPI) -> Iterator[ApiServer]:
-    """Run `app` under uvicorn on a free port in a thread; stop it after."""
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", ws="none", lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="api-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the API server did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield ApiServer(url=f"http://127.0.0.1:{port}", app=app)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        # An event stream left open would hold the server up: none may be.
-        assert not thread.is_alive(), "the API server did not stop"
-
-
-@pytest.fixture(scope="module")
-def api(durable: Durable) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(durable.settings, tokens=TOKENS))
 
 
 async def start_run(api: ApiServer, agent: str, prompt: str) -> str:
@@ -715,87 +657,3 @@ async def test_the_event_stream_tells_when_a_request_is_answered_and_ends_with_i
 
     # And once the client has gone, the server's stream ends too
     await eventually(lambda: api.app.state.event_streams == 0, what="the stream to end")
-
-
-def render_list(**context: Any) -> str:
-    """The open requests' page as the inbox renders it, with `context` over the defaults."""
-    defaults: dict[str, Any] = {
-        "history": False,
-        "total": len(context.get("requests", [])),
-        "first": 1,
-        "last": len(context.get("requests", [])),
-        "next_url": None,
-        "first_url": None,
-        "agents": [],
-        "ages": [],
-        "statuses": [],
-        "sizes": [50],
-        "cap": 1000,
-        "can_answer": True,
-        "here": "/",
-    }
-    return templates.get_template("inbox.html").render({**defaults, **context})
-
-
-def test_the_inbox_escapes_what_agents_and_models_wrote():
-    # Given a request whose every field carries markup
-    evil = "<script>alert(1)</script>"
-    stored = StoredRequest(
-        request=Request(
-            kind="tool_call",
-            prompt=evil,
-            data={"calls": [{"id": "c1", "name": evil, "input": {"q": evil}}]},
-        ),
-        run_id=evil,
-        agent=evil,
-        status="open",
-        created_at=utcnow(),
-    )
-
-    # When the inbox renders it, for a user whose name and groups carry markup too
-    html = render_list(
-        who=Principal(name=evil, role="approver", groups=(evil, "ops")),
-        requests=[item_of(stored)],
-        error=evil,
-        flash=evil,
-        csrf='"><script>alert(2)</script>',
-        filters=Filters(agent=evil, q=evil),
-    )
-
-    # Then no markup of theirs survives, and the arguments are shown in brief
-    assert "<script>alert" not in html
-    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 8
-    assert 'value="&#34;&gt;&lt;script&gt;alert(2)' in html
-    assert "q: &lt;script&gt;alert(1)&lt;/script&gt;" in html
-
-
-def test_the_inbox_keeps_attribute_breaking_text_inside_its_attributes():
-    # Given a request whose id, agent and call carry a quote that would end an attribute
-    breaker = '" onmouseover="alert(1)" x="'
-    stored = StoredRequest(
-        request=Request(
-            id=f"req_{breaker}",
-            kind="tool_call",
-            prompt=breaker,
-            data={"calls": [{"id": breaker, "name": breaker, "input": {breaker: breaker}}]},
-        ),
-        run_id=breaker,
-        agent=breaker,
-        status="open",
-        created_at=utcnow(),
-    )
-
-    # When the inbox renders it
-    html = render_list(
-        who=Principal(name="alice", role="approver"),
-        requests=[item_of(stored)],
-        error=None,
-        flash=breaker,
-        csrf="token",
-        filters=Filters(tool=breaker, q=breaker),
-    )
-
-    # Then every quote is an entity: no attribute of theirs appears on any element
-    assert '" onmouseover' not in html
-    assert 'onmouseover="' not in html
-    assert 'data-request-id="req_&#34; onmouseover=&#34;alert(1)&#34; x=&#34;"' in html

@@ -10,7 +10,6 @@ are reached too, not only their 404s.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +25,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api._auth import ROLES
-from api.app import create_app
 from tests.waiting import until
 
-from .conftest import Durable
-from .test_api import TOKEN_OF_ROLE, TOKENS, ApiServer, serve_in_thread
+from .conftest import TOKEN_OF_ROLE, ApiServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,11 +49,6 @@ class Held:
     run_id: str
     request_id: str
     batch_id: str
-
-
-@pytest.fixture(scope="module")
-def api(durable: Durable) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(durable.settings, tokens=TOKENS))
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,8 @@ from typing import Any
 
 import pytest
 
-from api.app import create_app
-
-from .conftest import Durable, Eventually
-from .test_api import ApiServer, open_request, serve_in_thread, settled_run
+from .conftest import ApiServer, Durable, Eventually, serve_api
+from .test_api import open_request, settled_run
 
 ANNA, BEN, CARA, SAM, VIC = "t0k-anna", "t0k-ben", "t0k-cara", "t0k-sam", "t0k-vic"
 TOKENS = (
@@ -23,8 +21,7 @@ STARTER = "t0k-starter"
 @pytest.fixture(scope="module")
 def api(durable: Durable) -> Iterator[ApiServer]:
     # anna may also start runs: the refunds she starts she may not approve
-    tokens = f"{TOKENS},anna:submitter:{STARTER}"
-    yield from serve_in_thread(create_app(durable.settings, tokens=tokens))
+    yield from serve_api(durable, f"{TOKENS},anna:submitter:{STARTER}")
 
 
 async def _halted_refund(api: ApiServer, prompt: str, eventually: Eventually) -> dict[str, Any]:

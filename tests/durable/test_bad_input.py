@@ -40,8 +40,7 @@ from tests.ports import free_port
 from tests.processes import stop_group
 from tests.provider_server import API_KEY, ProviderServer, Reply
 
-from .conftest import ROOT, Durable, SpareWorkers, unique_name
-from .test_api import ApiServer, serve_in_thread
+from .conftest import ROOT, ApiServer, Durable, SpareWorkers, serve_api, unique_name
 from .test_cli import halt_on_lookup, one_error_line, store_snapshot, stored_request
 
 ONE_LANE = True  # tests/conftest.py: its worker and provider, once per database
@@ -53,7 +52,7 @@ TWO_MIB = 2 * DEFAULT_MAX_ANSWER_BYTES
 
 @pytest.fixture(scope="module")
 def api(durable: Durable) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(durable.settings, tokens=TOKENS))
+    yield from serve_api(durable, TOKENS)
 
 
 @pytest.fixture

@@ -469,19 +469,6 @@ def test_a_bad_batch_setting_is_one_line_naming_the_variable(
         )
 
 
-def test_an_agent_whose_queue_looks_like_a_batch_queue_is_refused():
-    from relayq import Agent, AgentError, InProcessResponse
-
-    odd = Agent(
-        f"odd-{uuid.uuid4().hex[:6]}",
-        lambda req: InProcessResponse(content="x"),
-        queue="relayq.turns.batch.mine",
-        register=False,
-    )
-    with pytest.raises(AgentError, match="names batch queues"):
-        Settings.from_env({}).check_agent(odd)
-
-
 def depths(place: Place) -> dict[str, float]:
     """The queue depths the API's metrics show, read as a scrape reads them."""
     settings = Settings.from_env(place.env)

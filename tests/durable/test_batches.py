@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ import pytest
 from sqlmodel import func, select
 from typer.testing import CliRunner, Result
 
-from api.app import create_app
 from cli.approvals import os_user
 from cli.main import app
 from store import (
@@ -36,9 +35,9 @@ from store import (
 from store.models import FINISHED
 from tests import forkserver
 
-from .conftest import ROOT, Durable, Eventually, unique_name
+from .conftest import ROOT, SUBMITTER, VIEWER, ApiServer, Durable, Eventually, unique_name
 from .desk import refund_prompt
-from .test_api import SUBMITTER, TOKENS, VIEWER, ApiServer, log_in, serve_in_thread
+from .test_api import log_in
 from .test_cli import cli, one_error_line, read_results, settle, write_jobs
 
 __all__ = ["cli"]  # the fixture, shared with test_cli
@@ -314,11 +313,6 @@ def test_a_batch_whose_output_is_no_terminal_prints_progress_lines(
 
 
 # --- over HTTP -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def api(durable: Durable) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(durable.settings, tokens=TOKENS))
 
 
 async def test_a_batch_over_http_starts_each_job_once_and_reports_and_exports_it(

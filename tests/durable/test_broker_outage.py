@@ -12,9 +12,7 @@ again), so the tests publish new runs once it is back.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +23,6 @@ import pytest
 
 from tasks import DurableClient, Settings
 from tests.brokers import PrivateRedis
-from workers.config import celery_config
 
 from .conftest import Eventually, Worker
 from .outage_agents import release
@@ -208,38 +205,3 @@ async def test_a_worker_that_stops_on_its_own_exits_non_zero(
     await eventually(lambda: worker.proc.poll() is not None, what="the worker to stop")
     assert "Unrecoverable error" in outage.log()
     assert worker.proc.returncode == 1
-
-
-def test_a_worker_that_ends_with_no_status_unasked_exits_1(monkeypatch: pytest.MonkeyPatch):
-    # Celery may end a worker with no status at all (after a WorkerTerminate, say)
-    app = _worker_app(monkeypatch, started=True, stop_requested=False)
-    assert app.exit_code(None) == 1
-    assert app.exit_code(0) == 1
-    assert app.exit_code(2) == 2
-
-
-def test_a_stop_asked_for_exits_with_celerys_own_status(monkeypatch: pytest.MonkeyPatch):
-    app = _worker_app(monkeypatch, started=True, stop_requested=True)
-    assert app.exit_code(0) == 0  # SIGTERM, or the remote `shutdown`
-    assert app.exit_code(1) == 1  # a failing status stays one
-    idle = _worker_app(monkeypatch, started=False, stop_requested=False)
-    assert idle.exit_code(0) == 0, "no worker ran: `worker --help`, beat, inspect"
-
-
-def test_the_worker_waits_for_the_broker_forever_and_survives_losing_it(tmp_path: Path):
-    config = celery_config(Settings.from_env({"RELAYQ_HOME": str(tmp_path)}))
-    assert config["broker_connection_retry"] is True
-    assert config["broker_connection_max_retries"] is None
-    assert config["worker_consumer"] == "workers.app:Consumer"
-    assert config["worker_cancel_long_running_tasks_on_connection_loss"] is True
-
-
-def _worker_app(monkeypatch: pytest.MonkeyPatch, *, started: bool, stop_requested: bool):
-    # `workers.app` the module: the package's `app` attribute is the Celery app.
-    module = importlib.import_module("workers.app")
-    for name, value in (("_started", started), ("_stop_requested", stop_requested)):
-        event = threading.Event()
-        if value:
-            event.set()
-        monkeypatch.setattr(module, name, event)
-    return module

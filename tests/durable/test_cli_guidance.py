@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import pytest
 
-from api import create_app
 from cli._common import warn_if_no_worker
 from store import Database, OutboxRow
 from store.outbox import ANSWER_TASK, unpublished
@@ -34,8 +33,7 @@ from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
 
-from .conftest import ROOT, Broker, Durable, Worker, unique_name
-from .test_api import serve_in_thread
+from .conftest import ROOT, Broker, Durable, Worker, serving, unique_name
 
 RELAYQ = Path(sys.executable).parent / "relayq"
 AGENTS = "tests.durable.agents,tests.durable.queue_agents"
@@ -448,8 +446,7 @@ def test_the_embedded_broker_stops_when_the_worker_that_started_it_dies(
 
 @pytest.fixture(scope="module")
 def api_url(durable: Durable) -> Iterator[str]:
-    app = create_app(durable.settings, tokens="vic:viewer:t-guidance")
-    for server in serve_in_thread(app):
+    with serving(durable.settings, "vic:viewer:t-guidance") as server:
         yield server.url
 
 

@@ -312,7 +312,7 @@ async def test_an_agents_own_turn_time_limit_stops_a_slow_turn(eager: DurableCli
 async def test_a_turn_time_limit_not_below_the_workers_fails_the_run_saying_why(
     eager: DurableClient, prompt: str
 ):
-    limit = timedelta(seconds=eager.settings.turn_time_limit)
+    limit = eager.settings.turns.time_limit
     slow = Agent(f"slow-{uuid.uuid4().hex[:6]}", slow_model, turn_time_limit=limit, register=False)
 
     res = await eager.run(slow, prompt)

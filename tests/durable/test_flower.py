@@ -20,7 +20,6 @@ from tests import forkserver
 from tests.durable.queue_agents import VIP_QUEUE
 from tests.ports import free_port
 from tests.processes import stop_group
-from workers.flower import credentials, run
 
 from .conftest import ROOT, Durable, Eventually, SpareWorkers
 
@@ -253,24 +252,3 @@ async def test_flower_never_logs_its_password(flower: Flower):
     log = flower.logfile.read_text()
     assert "Visit me at" in log
     assert flower.auth[1] not in log
-
-
-def test_flower_will_not_serve_beyond_loopback_without_a_password(
-    monkeypatch: pytest.MonkeyPatch,
-):
-    monkeypatch.delenv("RELAYQ_FLOWER_AUTH", raising=False)
-    with pytest.raises(SystemExit) as refused:
-        run(port=free_port(), address="0.0.0.0")
-    message = str(refused.value.code)
-    assert "RELAYQ_FLOWER_AUTH" in message
-    assert "\n" not in message
-
-
-def test_a_malformed_password_list_is_refused_without_echoing_it():
-    assert credentials(" ops:pw1, alice:pw2 ") == ["ops:pw1", "alice:pw2"]
-    with pytest.raises(SystemExit) as refused:
-        credentials("ops:hunter2,hunter3")
-    assert (
-        str(refused.value.code)
-        == "relayq flower: entry 2 of RELAYQ_FLOWER_AUTH is not user:password"
-    )

@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
-import pytest
-
-from api.app import create_app
 from store import Database
-from tasks import Settings
 from tests.ports import free_port
 
-from .conftest import Durable
-from .test_api import TOKENS, ApiServer, serve_in_thread
-
-
-@contextmanager
-def serving(settings: Settings) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(settings, tokens=TOKENS))
-
-
-@pytest.fixture(scope="module")
-def api(durable: Durable) -> Iterator[ApiServer]:
-    with serving(durable.settings) as server:
-        yield server
+from .conftest import ApiServer, Durable, serving
 
 
 async def test_the_api_is_alive_and_ready_without_a_token(api: ApiServer):

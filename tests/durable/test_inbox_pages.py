@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 from sqlmodel import col, select
 
-from api.app import create_app
 from store.models import VoteRow, utcnow
 from store.webhooks import Event
 from tasks import DurableClient
 from tasks.webhooks.sender import slack_text
 
-from .conftest import Durable, Eventually
+from .conftest import ApiServer, Durable, Eventually, serve_api
 from .desk import (
     DESK_TOKENS,
     FAY,
@@ -34,7 +33,7 @@ from .desk import (
     start_refunds,
     waiting,
 )
-from .test_api import ApiServer, csrf_of, open_request, serve_in_thread, settled_run
+from .test_api import csrf_of, open_request, settled_run
 
 ITEM = re.compile(r'<tr class="request[^"]*" id="request-[^"]+" data-request-id="([^"]+)"')
 NEXT = re.compile(r'<a href="([^"]+)" rel="next">')
@@ -42,7 +41,7 @@ NEXT = re.compile(r'<a href="([^"]+)" rel="next">')
 
 @pytest.fixture(scope="module")
 def api(durable: Durable) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(durable.settings, tokens=DESK_TOKENS))
+    yield from serve_api(durable, DESK_TOKENS)
 
 
 def listed(html: str) -> list[str]:

@@ -7,26 +7,23 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from api._auth import Principal, Tokens
 from api._inbox import CSRF_REFUSED
-from api._security import CSP, DOCS_CSP, Signer, secret_from
+from api._security import CSP, DOCS_CSP, Signer
 from api.app import create_app
+from tests.api.tokens import SECRET
 
-from .conftest import Durable, Eventually
-from .test_api import (
+from .conftest import (
     APPROVER,
     OTHER_APPROVER,
     SUBMITTER,
     TOKENS,
     VIEWER,
     ApiServer,
-    csrf_of,
-    log_in,
-    open_request,
-    serve_in_thread,
-    settled_run,
-    start_run,
+    Durable,
+    Eventually,
+    serve_api,
 )
+from .test_api import csrf_of, log_in, open_request, settled_run, start_run
 
 GROUPED = "tok-gus-1"
 # The shared three-field entries, and one with groups: both formats in one setting.
@@ -35,60 +32,10 @@ SECURITY_TOKENS = f"{TOKENS},gus:approver:{GROUPED}:finance|ops"
 
 @pytest.fixture(scope="module")
 def api(durable: Durable) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(durable.settings, tokens=SECURITY_TOKENS))
+    yield from serve_api(durable, SECURITY_TOKENS)
 
 
 # --- tokens and groups ---
-
-
-def test_entries_with_and_without_groups_both_parse():
-    tokens = Tokens.parse(
-        " vic:viewer:t-v , alice:approver:t-a:finance|ops ,"
-        "bob:approver:t-b:, sam:submitter:t-s: legal | eu-west "
-    )
-
-    assert len(tokens) == 4
-    assert tokens.lookup("t-v") == Principal(name="vic", role="viewer", groups=())
-    assert tokens.lookup("t-a") == Principal(
-        name="alice", role="approver", groups=("finance", "ops")
-    )
-    assert tokens.lookup("t-b") == Principal(name="bob", role="approver")
-    assert tokens.lookup("t-s") == Principal(
-        name="sam", role="submitter", groups=("legal", "eu-west")
-    )
-    assert tokens.lookup("t-a:finance|ops") is None
-
-
-SECRET = "s3cret-do-not-echo"
-MALFORMED_TOKENS = [
-    pytest.param(f"alice:approver:{SECRET}:finance:extra", "not name:role:token", id="5 fields"),
-    pytest.param(f"alice:approver:{SECRET}:x:y:z", "may not contain ':'", id="colon in token"),
-    pytest.param(f"{SECRET}", "entry 1 is not", id="token alone"),
-    pytest.param(f"alice:{SECRET}", "entry 1 is not", id="2 fields"),
-    pytest.param("alice:approver:", "entry 1 is not", id="no token"),
-    pytest.param(f":approver:{SECRET}", "entry 1 is not", id="no name"),
-    pytest.param(
-        f"alice:admin:{SECRET}", "entry 1: its second field is not a role", id="unknown role"
-    ),
-    pytest.param(f"alice:{SECRET}:approver", "is not a role", id="token in the role's place"),
-    pytest.param(f"{SECRET}:alice:approver", "is not a role", id="token in the name's place"),
-    pytest.param(f"alice:approver:{SECRET}:finance||ops", "empty group", id="empty group"),
-    pytest.param(f"alice:approver:{SECRET}:ops|ops", "named twice", id="group twice"),
-    pytest.param(
-        f"vic:viewer:t1,alice:approver:{SECRET},bob:approver:{SECRET}:ops",
-        "entry 3 (bob) repeats another's token",
-        id="token twice",
-    ),
-]
-
-
-@pytest.mark.parametrize(("spec", "says"), MALFORMED_TOKENS)
-def test_a_malformed_entry_is_refused_by_number_and_never_echoes_its_token(spec: str, says: str):
-    with pytest.raises(ValueError, match="RELAYQ_API_TOKENS") as refused:
-        Tokens.parse(spec)
-    assert says in str(refused.value)
-    assert SECRET not in str(refused.value)
-    assert "s3cret" not in str(refused.value)
 
 
 def test_the_api_does_not_start_with_a_malformed_entry(durable: Durable):
@@ -240,33 +187,6 @@ async def test_a_flash_message_is_shown_only_if_the_server_signed_it(api: ApiSer
     assert '<p class="flash" role="status">Logged out.</p>' in page.text
 
 
-def test_a_signed_value_holds_only_for_what_and_whom_it_was_made():
-    signer = Signer(b"k" * 32)
-    token = signer.csrf_token("cookie-a")
-
-    assert signer.csrf_valid("cookie-a", token)
-    assert signer.csrf_token("cookie-a") != token  # a fresh nonce each page
-    assert not signer.csrf_valid("cookie-b", token)
-    assert not signer.csrf_valid(None, token)
-    assert not Signer(b"j" * 32).csrf_valid("cookie-a", token)
-    assert not signer.csrf_valid("cookie-a", "ünïcode.tøken")
-    flash = signer.flash("approved", "req_1")
-    assert signer.read_flash(flash) == ("approved", "req_1")
-    assert not signer.csrf_valid("cookie-a", flash)  # one purpose's value is not another's
-    assert signer.read_flash(token) is None
-
-
-def test_processes_sharing_the_secret_take_each_others_forms_and_a_short_one_is_refused():
-    shared = "a-secret-shared-by-every-api-process"
-    token = Signer(secret_from(shared)).csrf_token("cookie-a")
-
-    assert Signer(secret_from(shared)).csrf_valid("cookie-a", token)
-    assert not Signer(secret_from(None)).csrf_valid("cookie-a", token)  # a random one each
-    with pytest.raises(ValueError, match="at least 32 characters") as refused:
-        secret_from("too-short-secret")
-    assert "too-short-secret" not in str(refused.value)
-
-
 # --- headers ---
 
 
@@ -276,13 +196,6 @@ def assert_secure_headers(res: httpx.Response, policy: str = CSP) -> None:
     assert res.headers.get("x-frame-options") == "DENY", what
     assert res.headers.get("referrer-policy") == "no-referrer", what
     assert res.headers.get("content-security-policy") == policy, what
-
-
-def test_the_policy_allows_no_inline_script_and_no_framing():
-    assert "script-src 'self';" in CSP
-    assert "unsafe" not in CSP
-    assert "frame-ancestors 'none'" in CSP
-    assert "frame-ancestors 'none'" in DOCS_CSP
 
 
 async def test_every_response_of_the_api_and_the_inbox_carries_the_security_headers(

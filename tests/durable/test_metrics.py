@@ -9,7 +9,6 @@ import statistics
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -18,12 +17,10 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 import tests.durable.queue_agents  # noqa: F401  (an agent on a queue of its own: its depth shows)
-from api.app import create_app
 from relayq import Agent, Request, pricing
 from relayq.providers import ProviderModel
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
@@ -31,7 +28,6 @@ from store import Database, RequestRow, RunRow, migrate
 from store.models import DecisionRow, utcnow
 from tasks import DurableClient, Settings
 from tasks.broker.publish import sender_app
-from tasks.observability import metrics
 from tasks.observability.gauges import StoreGauges
 from tests.durable.observed_agents import KEY_ENV, MODEL, metered_agent, metered_reply
 from tests.durable.queue_agents import VIP_QUEUE
@@ -39,9 +35,18 @@ from tests.ports import free_port
 from tests.provider_server import API_KEY, ProviderServer
 from tests.seeding import insert_rows, rows_like
 from tests.store.driver import statements
+from tests.tasks.metric_samples import sample
 
-from .conftest import Durable, Eventually, SpareWorkers
-from .test_api import APPROVER, SUBMITTER, TOKENS, VIEWER, ApiServer, serve_in_thread
+from .conftest import (
+    APPROVER,
+    SUBMITTER,
+    VIEWER,
+    ApiServer,
+    Durable,
+    Eventually,
+    SpareWorkers,
+    serving,
+)
 
 Scrape = dict[str, list[Sample]]
 
@@ -50,8 +55,8 @@ def parse(text: str) -> Scrape:
     """Samples by name, as Prometheus's own parser reads the exposition."""
     samples: Scrape = {}
     for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append(sample)
+        for found in family.samples:
+            samples.setdefault(found.name, []).append(found)
     return samples
 
 
@@ -70,21 +75,10 @@ async def scrape_api(api: ApiServer, token: str | None = None) -> Scrape:
     return parse(res.text)
 
 
-@contextmanager
-def serving(settings: Settings) -> Iterator[ApiServer]:
-    yield from serve_in_thread(create_app(settings, tokens=TOKENS))
-
-
 def answer_all(request: Request | None, output: str = "yes") -> Any:
     assert request is not None
     results = [RelayResult(id=c.id, output=output) for c in relay_calls_of(request)]
     return relay_answer(request.id, results)
-
-
-@pytest.fixture(scope="module")
-def api(durable: Durable) -> Iterator[ApiServer]:
-    with serving(durable.settings) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +200,9 @@ async def test_a_broker_that_does_not_answer_is_reported_down_and_the_store_stil
     assert value(scraped, "relayq_broker_up") == 0
     assert value(scraped, "relayq_store_up") == 1
     assert "relayq_queue_depth" not in scraped
-    assert "relayq_runs" in scraped
+    # The store's counts, read: the workers alive always has its sample (`relayq_runs`
+    # has none on a store with no run yet)
+    assert value(scraped, "relayq_workers_alive") is not None
 
 
 async def test_metrics_take_no_token_unless_relayq_metrics_token_is_set(
@@ -229,7 +225,7 @@ async def test_metrics_take_no_token_unless_relayq_metrics_token_is_set(
     assert [r.status_code for r in (missing, wrong, api_token, in_url)] == [401] * 4
     assert "scrape-me-7f3a" not in missing.text + wrong.text + in_url.text
     assert right.status_code == 200
-    assert "relayq_runs" in parse(right.text)
+    assert value(parse(right.text), "relayq_workers_alive") is not None
 
 
 # -- a worker's own metrics ---------------------------------------------------------------------
@@ -314,11 +310,7 @@ def test_a_worker_refuses_a_metrics_port_that_is_no_port(durable: Durable, tmp_p
     assert "RELAYQ_WORKER_METRICS_PORT must be a port number" in worker.logfile.read_text()
 
 
-# -- an eager host's own metrics, cost, and the provider limiter's hooks ------------------------
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+# -- an eager host's own metrics and cost ------------------------------------------------------
 
 
 @pytest.fixture
@@ -375,35 +367,6 @@ async def test_an_eager_host_counts_its_turns_and_prices_them_once_a_cost_functi
     assert sample("relayq_model_tokens_total", **where, kind="prompt") == prompt_tokens + 31
     spent = sample("relayq_model_cost_total", **where) - cost
     assert spent == pytest.approx((31 * 0.01 + 12 * 0.02) / 1000)
-
-
-def test_the_provider_limiters_waits_and_429s_land_in_their_metrics():
-    waited = sample("relayq_provider_limit_wait_seconds_count", provider="api.test", model="m")
-    total = sample("relayq_provider_limit_wait_seconds_sum", provider="api.test", model="m")
-    limited = sample(
-        "relayq_provider_rate_limited_total", provider="api.test", model="m", status="529"
-    )
-
-    metrics.observe_limit_wait("api.test", 1.5, model="m")
-    metrics.count_rate_limited("api.test", model="m", status=529)
-
-    assert sample("relayq_provider_limit_wait_seconds_count", provider="api.test", model="m") == (
-        waited + 1
-    )
-    assert sample("relayq_provider_limit_wait_seconds_sum", provider="api.test", model="m") == (
-        total + 1.5
-    )
-    assert sample(
-        "relayq_provider_rate_limited_total", provider="api.test", model="m", status="529"
-    ) == (limited + 1)
-
-
-def test_a_provider_is_named_by_its_host_alone():
-    from relayq.providers import ProviderConfig
-
-    config = ProviderConfig(base_url="https://user:pw@api.example.com:8443/v1", model="m")
-    assert metrics.provider_label(config) == "api.example.com"
-    assert metrics.provider_label(None) == "in-process"
 
 
 # -- at volume ----------------------------------------------------------------------------------

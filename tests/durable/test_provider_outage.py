@@ -29,9 +29,9 @@ from tasks import DurableClient
 from tasks.broker.circuit import CircuitView, read_circuits
 from tests.ports import free_port
 
-from .conftest import Durable, Eventually, SpareWorkers
+from .conftest import Durable, Eventually, SpareWorkers, serving
 from .test_batches import runs_of
-from .test_metrics import scrape_api, serving, value
+from .test_metrics import scrape_api, value
 
 pytestmark = pytest.mark.timeout(150)
 

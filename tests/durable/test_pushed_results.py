@@ -413,13 +413,3 @@ async def test_what_a_client_sent_is_marked_sent_by_the_time_it_closes(host: Hos
         rows = s.exec(select(OutboxRow).where(col(OutboxRow.run_id).in_(run_ids))).all()
     assert len(rows) == 2
     assert all(row.published_at is not None for row in rows)
-
-
-def test_an_eager_client_and_one_on_a_broker_without_pub_sub_poll(tmp_path: Path):
-    store = f"sqlite:///{tmp_path / 'relayq.db'}"
-    for client in (
-        DurableClient(eager=True, database_url=store),
-        DurableClient(database_url=store, broker_url="memory://"),
-    ):
-        assert client.waiting == "polled"
-        client.close()

@@ -14,7 +14,6 @@ not take each other's runs for a dead worker's when it frees.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sqlite3
 import time
@@ -24,15 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from api.app import create_app
 from store import Database, StoreUnavailable, get_run
 from tasks import DurableClient, Settings
 from tests.conftest import Parts
 from tests.postgres_server import PrivatePostgres, postgres_binaries
 
-from .conftest import Broker, Eventually, Worker
+from .conftest import SUBMITTER, Broker, Eventually, Worker, serving
 from .store_outage_agents import CALLS
-from .test_api import SUBMITTER, TOKENS, serve_in_thread
 
 START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
@@ -127,7 +124,7 @@ async def test_runs_in_flight_when_postgresql_crashes_finish_once_it_is_back(
     assert worker.proc is not None
     settings = Settings.from_env(env)
     client = DurableClient(settings=settings)
-    api = contextlib.contextmanager(serve_in_thread)(create_app(settings, tokens=TOKENS))
+    api = serving(settings)
     try:
         server = api.__enter__()
         run_ids = await client.start_many("outlast", [f"outage {i}" for i in range(60)])

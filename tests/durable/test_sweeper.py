@@ -61,7 +61,7 @@ async def test_a_run_left_running_by_a_vanished_worker_is_requeued_by_a_sweep(
     assert get_run(client.db, run_id).status == "running"
 
     # When a sweep runs after its heartbeat is overdue
-    timeout = durable.settings.worker_timeout
+    timeout = durable.settings.recovery.worker_timeout
     report = sweep(client.db, now=utcnow() + timeout + timedelta(seconds=1))
     publish(client.app, client.db, report.outbox)
 
@@ -80,7 +80,7 @@ async def test_a_live_workers_heartbeat_keeps_a_long_turn_from_being_swept_from_
     spare = spare_workers.start(
         RELAYQ_HEARTBEAT_EVERY="0.3", RELAYQ_WORKER_TIMEOUT="1.5", RELAYQ_SWEEP_EVERY="0.3"
     )
-    timeout = spare.settings.worker_timeout
+    timeout = spare.settings.recovery.worker_timeout
     async with DurableClient(settings=spare.settings) as client:
         run_id = await client.start("holding", prompt)
         release = durable.log / f"release-{run_id}"
@@ -96,7 +96,7 @@ async def test_a_live_workers_heartbeat_keeps_a_long_turn_from_being_swept_from_
                 what="the holding worker to beat three timeouts into the turn",
             )
             # ... and a sweep with the worker's own bounds looks at the run then
-            report = sweep(client.db, recovery=spare.settings.recovery())
+            report = sweep(client.db, recovery=spare.settings.recovery.bounds())
             publish(client.app, client.db, report.outbox)
             assert run_id not in report.requeued
         finally:

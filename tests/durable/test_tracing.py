@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlmodel import select
 
@@ -46,19 +45,6 @@ async def metered(provider: ProviderServer) -> AsyncIterator[Agent]:
     yield agent
     assert isinstance(agent.durable_model, ProviderModel)
     await agent.durable_model.aclose()
-
-
-@pytest.fixture
-def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    """relayq's spans in this process, in memory."""
-    monkeypatch.delenv(tracing.OTEL_ENV, raising=False)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use_tracer_provider(provider)
-    yield exporter
-    tracing.use_tracer_provider(None)
-    provider.shutdown()
 
 
 @pytest.fixture
@@ -200,14 +186,6 @@ async def test_with_tracing_off_no_span_is_made_and_the_run_keeps_no_context(
     assert halted.status == "pending"
     assert halted.run_id is not None
     assert stored_context(eager.db, halted.run_id) is None
-
-
-def test_relayq_otel_0_turns_tracing_off_even_with_a_provider(
-    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
-):
-    assert tracing.enabled()
-    monkeypatch.setenv(tracing.OTEL_ENV, "0")
-    assert not tracing.enabled()
 
 
 # -- through a real worker ---------------------------------------------------------------------

@@ -51,7 +51,8 @@ def test_settings_come_from_the_apps_configuration_under_lowercase_relayq_names(
         "redis://h:6379/3",
         False,
     )
-    assert (s.turn_time_limit, s.model_retries, s.concurrency, s.task_events) == (120, 1, 7, True)
+    assert (s.turns.time_limit, s.turns.model_retries) == (timedelta(seconds=120), 1)
+    assert (s.worker.concurrency, s.worker.task_events) == (7, True)
     assert celery_config(s)["beat_schedule"]["relayq-sweep"]["schedule"] == 3
 
 
@@ -62,12 +63,14 @@ def test_the_environment_beats_the_configuration_which_beats_the_default():
     s = Settings.load(env=env, conf=conf)
 
     assert s.database_url == "sqlite:///from-env.db", "the environment first"
-    assert s.retry_base == 0.5, "an empty variable counts as unset: the configuration next"
-    assert s.model_retries == 5, "the default last"
+    assert s.turns.retry_base == timedelta(seconds=0.5), (
+        "an empty variable counts as unset: the configuration next"
+    )
+    assert s.turns.model_retries == 5, "the default last"
 
 
 def test_settings_from_env_reads_the_environment_alone():
-    assert Settings.from_env({"RELAYQ_MODEL_RETRIES": "3"}).model_retries == 3
+    assert Settings.from_env({"RELAYQ_MODEL_RETRIES": "3"}).turns.model_retries == 3
 
 
 def test_an_explicit_keyword_beats_both(tmp_path, monkeypatch):
@@ -114,7 +117,8 @@ def test_the_worker_reads_a_config_module_named_the_celery_way(tmp_path):
         "from workers.app import app, settings\n"
         "from tasks.runtime import Runtime\n"
         "rt = Runtime.current(app)\n"
-        "print(json.dumps([settings.database_url, settings.turn_time_limit, settings.key_prefix,\n"
+        "limit = settings.turns.time_limit.total_seconds()\n"
+        "print(json.dumps([settings.database_url, limit, settings.key_prefix,\n"
         "    app.conf.task_soft_time_limit, rt.settings.database_url, rt.settings.key_prefix]))\n"
     )
     env = {
@@ -219,9 +223,22 @@ async def test_a_client_starting_an_agent_by_name_imports_relayq_agents_to_find_
     client = DurableClient(settings=settings)
     try:
         # When a run of it is started by name, the host finds the agent and its queue
-        spec = await client._spec(name, started_by=None, batch_id=None, budget=None)
+        spec = await client._starts.spec(name, started_by=None, batch_id=None, budget=None)
     finally:
         client.close()
         sys.modules.pop(module, None)
     assert (spec.agent, spec.queue) == (name, "q.own")
     assert spec.tools_digest is not None
+
+
+def test_an_agent_whose_queue_looks_like_a_batch_queue_is_refused():
+    from relayq import Agent, AgentError, InProcessResponse
+
+    odd = Agent(
+        f"odd-{uuid.uuid4().hex[:6]}",
+        lambda req: InProcessResponse(content="x"),
+        queue="relayq.turns.batch.mine",
+        register=False,
+    )
+    with pytest.raises(AgentError, match="names batch queues"):
+        Settings.from_env({}).check_agent(odd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -55,13 +56,12 @@ def test_backoff_waits_at_least_the_servers_retry_after_but_never_past_the_ceili
 
 def test_the_recovery_bounds_default_to_meeting_thirty_seconds_and_can_be_set():
     # Dead worker: timeout + one sweep interval + a turn; lost message: bound + a sweep.
-    s = Settings.from_env({})
-    rec = s.recovery()
-    assert (s.heartbeat_every, s.sweep_every) == (2.0, 5.0)
-    assert rec.worker_timeout.total_seconds() + s.sweep_every < 30
-    assert rec.redeliver_after.total_seconds() + s.sweep_every < 30
-    assert rec.outbox_grace.total_seconds() + s.sweep_every < 30
-    assert s.visibility_timeout == 3600
+    s = Settings.from_env({}).recovery
+    assert (s.heartbeat_every, s.sweep_every) == (timedelta(seconds=2), timedelta(seconds=5))
+    assert s.worker_timeout + s.sweep_every < timedelta(seconds=30)
+    assert s.redeliver_after + s.sweep_every < timedelta(seconds=30)
+    assert s.outbox_grace + s.sweep_every < timedelta(seconds=30)
+    assert s.visibility_timeout == timedelta(hours=1)
 
     custom = Settings.from_env(
         {
@@ -73,10 +73,12 @@ def test_the_recovery_bounds_default_to_meeting_thirty_seconds_and_can_be_set():
             "RELAYQ_VISIBILITY_TIMEOUT": "7200",
         }
     )
-    rec = custom.recovery()
+    rec = custom.recovery.bounds()
     assert (rec.worker_timeout.total_seconds(), rec.redeliver_after.total_seconds()) == (4, 7)
     assert rec.outbox_grace.total_seconds() == 3
-    assert (custom.sweep_every, custom.heartbeat_every, custom.visibility_timeout) == (2, 1, 7200)
+    seconds = (custom.recovery.sweep_every, custom.recovery.heartbeat_every)
+    assert [t.total_seconds() for t in seconds] == [2, 1]
+    assert custom.recovery.visibility_timeout == timedelta(hours=2)
     assert custom.broker_options()["broker_transport_options"]["visibility_timeout"] == 7200
 
 

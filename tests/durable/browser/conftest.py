@@ -15,11 +15,8 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
-from api.app import create_app
-
-from ..conftest import Durable
+from ..conftest import TOKENS, ApiServer, Durable, serve_api
 from ..desk import DESK_TOKENS
-from ..test_api import TOKENS, ApiServer, serve_in_thread
 
 if TYPE_CHECKING:
     from tests.conftest import Parts
@@ -38,7 +35,7 @@ def chromium(machine_parts: Parts) -> None:
 @pytest.fixture(scope="module")
 def api(durable: Durable) -> Iterator[ApiServer]:
     # The lookup tests' people, and the desk's (fay and gil of finance, sid of support ...).
-    yield from serve_in_thread(create_app(durable.settings, tokens=f"{TOKENS},{DESK_TOKENS}"))
+    yield from serve_api(durable, f"{TOKENS},{DESK_TOKENS}")
 
 
 LOOP = pytest.mark.asyncio(loop_scope="session")

@@ -7,9 +7,8 @@ from typing import Any
 
 from playwright.async_api import Browser, ConsoleMessage, Locator, Page, Response, expect
 
-from ..conftest import Eventually
+from ..conftest import ApiServer, Eventually
 from ..desk import VAL, ids_of, waiting
-from ..test_api import ApiServer
 
 WAIT_MS = 15_000
 

@@ -12,9 +12,9 @@ from urllib.parse import urlencode
 import pytest
 from playwright.async_api import Browser, expect
 
-from ..conftest import Durable, Eventually
+from ..conftest import ApiServer, Durable, Eventually
 from ..desk import FAY, GIL, SID, refund_prompt, start_refunds
-from ..test_api import ApiServer, settled_run
+from ..test_api import settled_run
 from .conftest import LOOP, Shoot
 from .pages import (
     button,

@@ -16,18 +16,17 @@ from playwright.async_api import Browser, expect
 
 from api._inbox import CSRF_REFUSED
 
-from ..conftest import Durable, Eventually
-from ..desk import crowd, new_tag
-from ..test_api import (
+from ..conftest import (
     APPROVER,
     SUBMITTER,
     VIEWER,
     ApiServer,
-    open_request,
+    Durable,
+    Eventually,
     serve_in_thread,
-    settled_run,
-    start_run,
 )
+from ..desk import crowd, new_tag
+from ..test_api import open_request, settled_run, start_run
 from .conftest import LOOP
 from .pages import WAIT_MS, logged_in
 

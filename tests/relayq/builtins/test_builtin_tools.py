@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import relayq.builtins
-from relayq import Tool, ToolContext, ToolResult
+from relayq import Tool
 from relayq.builtins import BUILTIN_NAMES, BuiltinsConfig, builtin_tools
+
+from .calls import call as _call
 
 
 def test_the_exported_names_are_pinned() -> None:
@@ -48,14 +49,6 @@ def test_every_schema_is_a_strict_object_with_described_properties(tool: Tool) -
     for name, prop in schema["properties"].items():
         assert prop.get("description"), f"{tool.name}.{name} has no description"
     assert len(tool.description) > 40
-
-
-async def _call(tmp_path: Path, name: str, args: Any) -> ToolResult:
-    (tool,) = builtin_tools(BuiltinsConfig.only(name))
-    ctx = ToolContext(run_id="run_t", call_id="c1", tool_name=name, base_dir=tmp_path)
-    out = await tool.invoke(args, ctx)
-    assert isinstance(out, ToolResult)
-    return out
 
 
 @pytest.mark.parametrize("name", BUILTIN_NAMES)

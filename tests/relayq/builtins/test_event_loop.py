@@ -17,21 +17,12 @@ from typing import Any
 
 import pytest
 
-from relayq import ToolContext, ToolResult
-from relayq.builtins import BuiltinsConfig, builtin_tools
+from relayq import ToolResult
+from relayq.builtins import BuiltinsConfig
+
+from .calls import call as _call
 
 MAX_GAP = 0.5
-
-
-async def _call(
-    base: Path, name: str, args: dict[str, Any], config: BuiltinsConfig | None = None
-) -> ToolResult:
-    tools = {t.name: t for t in builtin_tools(config or BuiltinsConfig.only(name))}
-    tool = tools[name]
-    ctx = ToolContext(run_id="run_t", call_id="c1", tool_name=name, base_dir=base)
-    out = await tool.invoke(args, ctx)
-    assert isinstance(out, ToolResult)
-    return out
 
 
 async def _longest_gap_while(work: asyncio.Task[ToolResult]) -> float:

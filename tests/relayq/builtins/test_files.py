@@ -8,18 +8,10 @@ from typing import Any
 
 import pytest
 
-from relayq import ToolContext, ToolResult
-from relayq.builtins import BuiltinsConfig, builtin_tools
+from relayq import ToolResult
+from relayq.builtins import BuiltinsConfig
 
-
-async def _call(
-    base: Path, name: str, args: dict[str, Any], config: BuiltinsConfig | None = None
-) -> ToolResult:
-    tools = {t.name: t for t in builtin_tools(config or BuiltinsConfig.only(name))}
-    ctx = ToolContext(run_id="run_t", call_id="c1", tool_name=name, base_dir=base)
-    out = await tools[name].invoke(args, ctx)
-    assert isinstance(out, ToolResult)
-    return out
+from .calls import call as _call
 
 
 def _lines(n: int) -> str:

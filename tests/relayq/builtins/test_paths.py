@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from relayq import ToolContext, ToolResult
-from relayq.builtins import BuiltinsConfig, builtin_tools
+from .calls import call as _call
 
 SECRET = "secret\n"
 
@@ -40,14 +39,6 @@ def world(tmp_path: Path) -> World:
     (base / "link_dir").symlink_to(outside, target_is_directory=True)
     (base / "dangling").symlink_to(outside / "not-yet.txt")
     return World(base, outside)
-
-
-async def _call(base: Path, name: str, args: dict[str, Any]) -> ToolResult:
-    (tool,) = builtin_tools(BuiltinsConfig.only(name))
-    ctx = ToolContext(run_id="run_t", call_id="c1", tool_name=name, base_dir=base)
-    out = await tool.invoke(args, ctx)
-    assert isinstance(out, ToolResult)
-    return out
 
 
 # Each escape as a file path and as a folder path, for the tools that take either.

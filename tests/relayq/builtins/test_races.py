@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 
-from relayq import ToolContext, ToolResult
-from relayq.builtins import BuiltinsConfig, builtin_tools
+from .calls import call as _call
 
 SECRET = "the secret outside\n"
 ROUNDS = 400
@@ -51,14 +50,6 @@ def world(tmp_path: Path) -> World:
     (base / "d" / "f.txt").write_text("inside\n")
     (base / "f.txt").write_text("inside\n")
     return World(base, outside)
-
-
-async def _call(base: Path, name: str, args: dict[str, Any]) -> ToolResult:
-    (tool,) = builtin_tools(BuiltinsConfig.only(name))
-    ctx = ToolContext(run_id="run_t", call_id="c1", tool_name=name, base_dir=base)
-    out = await tool.invoke(args, ctx)
-    assert isinstance(out, ToolResult)
-    return out
 
 
 @contextlib.contextmanager

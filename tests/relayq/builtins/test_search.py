@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from relayq import ToolContext, ToolResult
-from relayq.builtins import BuiltinsConfig, builtin_tools
-
-
-async def _call(base: Path, name: str, args: dict[str, Any]) -> ToolResult:
-    (tool,) = builtin_tools(BuiltinsConfig.only(name))
-    ctx = ToolContext(run_id="run_t", call_id="c1", tool_name=name, base_dir=base)
-    out = await tool.invoke(args, ctx)
-    assert isinstance(out, ToolResult)
-    return out
+from .calls import call as _call
 
 
 def _tree(base: Path, files: dict[str, str | bytes]) -> None:

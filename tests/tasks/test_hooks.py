@@ -1,0 +1,120 @@
+"""Hooks (`tasks.hooks`): each event reaches every hook that overrides its method, in order
+(`after_*` in reverse), a failing hook is logged and skipped, hooks are named in settings and
+checked, and no task body calls a watcher by name. Hooks seeing real runs, on an eager host and
+on a worker: tests/durable/test_hooks.py."""
+
+from __future__ import annotations
+
+import ast
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relayq import Agent, AgentError
+from tasks import Settings
+from tasks.hooks import BadHook, Hooks, RunHooks, TurnEnded, TurnOutcome, TurnStarted, hooks_named
+from tests.durable import hook_agents
+from tests.durable.hook_agents import Broken, Recorder, TokensPerTenant
+
+START = TurnStarted("run_1", "a", 1, 1, None)
+END = TurnEnded("run_1", "a", 1, TurnOutcome.DONE, 0.1)
+
+
+async def test_before_hooks_run_in_order_and_after_hooks_in_reverse():
+    seen: list[tuple[str, str, Any]] = []
+    hooks = Hooks([Recorder("first", seen), Recorder("second", seen)])
+    await hooks.emit("before_turn", START)
+    await hooks.emit("after_turn", END, [Recorder("agent's", seen)])
+    assert [(who, method) for who, method, _ in seen] == [
+        ("first", "before_turn"),
+        ("second", "before_turn"),
+        ("agent's", "after_turn"),
+        ("second", "after_turn"),
+        ("first", "after_turn"),
+    ]
+    assert seen[0][2] is START
+
+
+async def test_a_failing_hook_is_logged_by_name_and_type_and_the_others_still_run(caplog):
+    seen: list[tuple[str, str, Any]] = []
+    hooks = Hooks([Broken(), Recorder("after it", seen)])
+    with caplog.at_level(logging.WARNING, logger="tasks.hooks"):
+        await hooks.emit("before_turn", START)
+    assert [(who, method) for who, method, _ in seen] == [("after it", "before_turn")]
+    assert "hook Broken.before_turn failed (RuntimeError); skipped" in caplog.text
+    assert "secret" not in caplog.text
+
+
+async def test_a_hook_is_called_only_for_the_methods_it_overrides():
+    seen: list[tuple[str, str, Any]] = []
+    hooks = Hooks([RunHooks(), Recorder("x", seen)])
+    await hooks.emit("after_request_opened", object())  # Recorder leaves it to the base
+    await hooks.emit("after_tool", END)
+    assert [(who, method) for who, method, _ in seen] == [("x", "after_tool")]
+
+
+def test_only_run_hooks_are_taken():
+    with pytest.raises(BadHook, match="is not a RunHooks"):
+        Hooks([object()])  # type: ignore[list-item]
+
+
+def test_relayq_hooks_names_classes_and_instances():
+    found = hooks_named(
+        ["tests.durable.hook_agents:TokensPerTenant", "tests.durable.hook_agents:tokens_per_tenant"]
+    )
+    assert isinstance(found[0], TokensPerTenant)
+    assert found[1] is hook_agents.tokens_per_tenant
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("tests.durable.hook_agents", "a hook is named `module:Class`"),
+        ("tests.no_such_module:Hook", "cannot load hook 'tests.no_such_module:Hook'"),
+        ("tests.durable.hook_agents:Nope", "cannot load hook"),
+        ("tests.durable.hook_agents:hooked", "is not a RunHooks"),
+    ],
+)
+def test_a_bad_hook_name_is_a_clear_error(name, said):
+    with pytest.raises(BadHook, match=said):
+        hooks_named([name])
+
+
+def test_a_worker_refuses_an_agent_whose_hook_is_not_one():
+    agent = Agent("bad-hook", hook_agents.hooked_model, hooks=[object()], register=False)
+    with pytest.raises(AgentError, match="is not a RunHooks"):
+        Settings.load(env={}).check_agent(agent)
+
+
+TASK_BODIES = (
+    "turns", "turn_budgets", "turn_failed", "turn_hooks", "turn_waits", "journal",
+    "answers", "maintenance", "host/eager",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("module", TASK_BODIES)
+def test_the_task_bodies_call_no_watcher_by_name(module):
+    """Metrics, traces, announcements and Flower's progress are hooks: the turn's driver
+    and the other task bodies import none of them."""
+    source = (Path(__file__).parents[2] / "tasks" / f"{module}.py").read_text()
+    tree = ast.parse(source)
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    watchers = {
+        "tasks.observability.metrics",
+        "tasks.observability.tracing",
+        "tasks.broker.announce",
+        "workers.events",
+    }
+    assert not imported & watchers
+    assert "summary.split" not in source
