@@ -9,17 +9,23 @@ An announcement carries ids only (space-separated in one message), never a
 prompt, a result or a secret: the store is the only source of truth, and
 whoever reads the channel learns only that a run moved.
 
-Announcing is best effort, and must not slow a task: one connection per
-process, reused; one short try (reconnecting once, for a connection the server
-closed); after a failure, silence for a few seconds.
+Announcing is best effort, and must not slow a task: the announcing thread of
+the process publishes, with one connection, reused, what was announced while it
+was busy in one message; each publish is one try (reconnecting once, for a
+connection the server closed); after a failure, silence for a few seconds. A
+task only hands its run ids over, so a publish slowed by a busy machine costs
+no turn any time, and a short timeout need not stand between the two.
 A lost announcement costs a waiter its fallback poll, never its result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -38,8 +44,8 @@ log = logging.getLogger(__name__)
 
 QUIET_AFTER_FAILURE = 5.0
 """Seconds without trying again once a publish failed (the broker is likely down)."""
-TIMEOUT = 0.25
-"""Seconds one publish may take, connecting included."""
+TIMEOUT = 2.0
+"""Seconds one publish may take, connecting included (on the announcing thread)."""
 
 
 def channel_of(settings: Settings) -> str:
@@ -59,9 +65,10 @@ def decode(data: bytes | str) -> list[str]:
 
 
 class Announcer:
-    """Publishes run ids from one process: one connection, one try, quiet after a failure.
+    """Publishes run ids from one process, on a thread of its own: one connection, one
+    try, quiet after a failure.
 
-    Never raises; a failure is logged at debug level.
+    `announce` never raises and never waits; a failure is logged at debug level.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -79,17 +86,46 @@ class Announcer:
             )
         )
         self._quiet_until = 0.0
+        self._pending: list[str] = []
+        self._busy = False
+        """The thread is publishing: what is announced meanwhile goes with its next message."""
+        self._lock = threading.Lock()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="relayq-announce")
 
     def announce(self, run_ids: Sequence[str]) -> None:
         if self._client is None or not run_ids or time.monotonic() < self._quiet_until:
             return
-        try:
-            self._client.publish(self.channel, encode(run_ids))
-        except Exception as exc:  # a waiter's fallback poll finds the run
-            self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE
-            log.debug("could not announce %d run(s): %s", len(run_ids), type(exc).__name__)
+        with self._lock:
+            self._pending.extend(run_ids)
+            if self._busy:
+                return
+            self._busy = True
+        self._thread.submit(self._publish_pending)
+
+    def _publish_pending(self) -> None:
+        while True:
+            with self._lock:
+                run_ids, self._pending = self._pending, []
+                if not run_ids:
+                    self._busy = False
+                    return
+            if time.monotonic() < self._quiet_until:
+                continue
+            try:
+                assert self._client is not None, "announce publishes nothing without a Redis"
+                self._client.publish(self.channel, encode(run_ids))
+            except Exception as exc:  # a waiter's fallback poll finds the run
+                self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE
+                log.debug("could not announce %d run(s): %s", len(run_ids), type(exc).__name__)
+
+    def published(self, timeout: float = TIMEOUT * 2) -> None:
+        """Return once what was announced before has been published (or given up)."""
+        self._thread.submit(lambda: None).result(timeout)
 
     def close(self) -> None:
+        with contextlib.suppress(TimeoutError):  # the broker hangs; nothing waits on it
+            self.published()
+        self._thread.shutdown(wait=False)
         if self._client is not None:
             self._client.close()
 

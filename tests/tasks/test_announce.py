@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from store.requests import run_of_request
@@ -85,11 +87,43 @@ def test_a_failed_announcement_raises_nothing_and_quiets_the_announcer():
     try:
         # When it announces, it fails quietly ...
         announcer.announce(["run_1"])
+        announcer.published()
 
         # ... and tries no more for a while: a task is not slowed by a broker that is away
         tries: list[str] = []
         announcer._client.publish = lambda channel, data: tries.append(data)  # type: ignore[union-attr, method-assign]
         announcer.announce(["run_2"])
+        announcer.published()
         assert tries == []
     finally:
         announcer.close()
+
+
+def test_what_is_announced_while_a_publish_is_on_its_way_goes_in_the_next_message():
+    # Given an announcer whose first publish is slow (a busy machine)
+    settings = Settings.from_env({"RELAYQ_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    announcer = Announcer(settings)
+    sent: list[str] = []
+    first = threading.Event()
+    release = threading.Event()
+
+    def publish(channel: str, data: str) -> None:
+        if not sent:
+            first.set()
+            release.wait(5)
+        sent.append(data)
+
+    announcer._client.publish = publish  # type: ignore[union-attr, method-assign]
+    try:
+        # When runs are announced meanwhile, announcing returns at once each time
+        announcer.announce(["run_1"])
+        assert first.wait(5)
+        announcer.announce(["run_2"])
+        announcer.announce(["run_3", "run_4"])
+        release.set()
+        announcer.published()
+    finally:
+        announcer.close()
+
+    # Then they went together in the next message, none lost
+    assert [decode(m) for m in sent] == [["run_1"], ["run_2", "run_3", "run_4"]]
