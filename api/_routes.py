@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -90,11 +90,13 @@ async def create_run(body: NewRun, request: Request, who: Submitter) -> Created:
 async def list_runs(
     request: Request,
     who: Reader,
-    status: RunStatusQuery | None = None,
+    status: Annotated[
+        RunStatusQuery | Literal[""] | None, Query(description="one status; empty: any")
+    ] = None,
     agent: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[RunSummary]:
-    """Runs, newest first."""
+    """Runs, newest first (an empty filter is no filter, as in every listing)."""
     rows = await client_of(request).runs(status, agent=agent, limit=limit)
     return [RunSummary.of(r) for r in rows]
 

@@ -37,6 +37,7 @@ from store.models import (
 )
 from store.paging import BadQuery, Page
 from store.queries import (
+    RunQuery,
     RunView,
     get_run,
     list_runs,
@@ -101,6 +102,7 @@ __all__ = [
     "get_run",
     "ledger_get",
     "list_runs",
+    "RunQuery",
     "ledger_put",
     "ledger_start",
     "request_of",

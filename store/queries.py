@@ -22,6 +22,7 @@ from store.models import FINISHED, MessageRow, RequestRow, RunRow
 from store.requests import request_of
 
 __all__ = [
+    "RunQuery",
     "RunSummary",
     "RunView",
     "get_run",
@@ -133,17 +134,29 @@ def _open_for(run_id: str, waiting_on: str | None) -> ColumnElement[bool]:
     return and_(col(RequestRow.run_id) == run_id, col(RequestRow.status) == "open")
 
 
-def list_runs(
-    db: Database, *, status: str | None = None, agent: str | None = None, limit: int = 100
-) -> list[RunRow]:
-    """Runs, newest first, optionally of one status and one agent."""
-    query = select(RunRow).order_by(col(RunRow.created_at).desc(), col(RunRow.id).desc())
-    if status is not None:
-        query = query.where(RunRow.status == status)
-    if agent is not None:
-        query = query.where(RunRow.agent == agent)
+@dataclass(frozen=True, kw_only=True)
+class RunQuery:
+    """Which runs to list, newest first.
+
+    RunQuery(status="failed", agent="support", limit=20)
+    """
+
+    status: str | None = None
+    """One status; None (or empty: no filter, as in every listing) for any."""
+    agent: str | None = None
+    limit: int = 100
+
+
+def list_runs(db: Database, query: RunQuery | None = None) -> list[RunRow]:
+    """The runs `query` picks (the newest 100 by default), newest first."""
+    query = query or RunQuery()
+    listing = select(RunRow).order_by(col(RunRow.created_at).desc(), col(RunRow.id).desc())
+    if query.status:
+        listing = listing.where(RunRow.status == query.status)
+    if query.agent:
+        listing = listing.where(RunRow.agent == query.agent)
     with db.read() as s:
-        return list(s.exec(query.limit(limit)))
+        return list(s.exec(listing.limit(query.limit)))
 
 
 def get_run(db: Database, run_id: str) -> RunRow:

@@ -32,6 +32,7 @@ from store import (
     OutboxRow,
     Page,
     RequestQuery,
+    RunQuery,
     RunRow,
     Started,
     StoredRequest,
@@ -463,7 +464,8 @@ class DurableClient:
         self, status: str | None = None, *, agent: str | None = None, limit: int = 100
     ) -> list[RunRow]:
         """Stored runs, newest first."""
-        return await self.store(list_runs, self.db, status=status, agent=agent, limit=limit)
+        query = RunQuery(status=status, agent=agent, limit=limit)
+        return await self.store(list_runs, self.db, query)
 
     async def cancel(self, run_id: str) -> str:
         """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""

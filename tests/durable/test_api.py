@@ -267,6 +267,10 @@ async def test_an_approved_request_resumes_the_run_with_its_output_and_records_w
         assert pending["pending"]["id"] == request_id
         listed = await viewer.get("/api/runs", params={"status": "pending", "agent": "lookup"})
         assert run_id in [r["id"] for r in listed.json()]
+        # ... and an empty filter is no filter, as in every listing
+        unfiltered = await viewer.get("/api/runs", params={"status": "", "agent": ""})
+        assert unfiltered.status_code == 200, unfiltered.text
+        assert run_id in [r["id"] for r in unfiltered.json()]
 
     # When an approver approves it with an output
     async with api.http(APPROVER) as approver:

@@ -22,6 +22,7 @@ from relayq import RunResult, new_id
 from store import (
     Database,
     RequestQuery,
+    RunQuery,
     RunSpec,
     get_request,
     get_run,
@@ -105,7 +106,7 @@ def store_snapshot(durable: Durable) -> tuple[list[Any], list[StoredRequest]]:
     db = durable.db()
 
     def still() -> tuple[list[Any]] | None:
-        listed = list_runs(db, limit=1_000_000)
+        listed = list_runs(db, RunQuery(limit=1_000_000))
         # In a tuple: a store with no run at all is still too (`until` waits for a truthy)
         return None if any(r.status in ("queued", "running") for r in listed) else (listed,)
 
