@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
@@ -42,26 +43,29 @@ StoreCall = Callable[..., Awaitable[Any]]
 """How the owner runs a store call from the loop (`tasks.storeio.StoreCalls`)."""
 
 
-class Dispatch:
+class Dispatch(ABC):
     """Takes the messages of committed changes: sent to workers, or run here."""
 
+    @abstractmethod
     async def __call__(self, rows: list[OutboxRow]) -> int:
         """Dispatch `rows`; returns how many went to the broker."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def mark(self, rows: list[OutboxRow]) -> None:
         """Count `rows` as sent: they went another way (a task's retry of itself)."""
-        raise NotImplementedError
 
     def serve(self, agent: Agent) -> None:
         """Run `agent`'s turns when its messages come here, registered or not. A broker's
         workers find their agents by name: nothing to do."""
+        return None
 
     async def batches_changed(self) -> None:
         """Say that a batch has new runs, so the workers taking batches consume its queue."""
+        return None
 
     def close(self) -> None:
         """Write what is still owed (the marks not written yet) and let go of threads."""
+        return None
 
 
 class Outgoing:

@@ -52,6 +52,7 @@ from store import Database
 from tasks import DurableClient, Settings
 from tests.forkserver import Proc, spawn
 from tests.lanes import redis_db
+from tests.waiting import until
 from workers.embedded import ensure_embedded_redis, stop_embedded_redis
 
 if TYPE_CHECKING:
@@ -407,11 +408,9 @@ def serve_in_thread(app: FastAPI) -> Iterator[ApiServer]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="api-server", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the API server did not start")
-        time.sleep(0.02)
+    until(lambda: server.started or not thread.is_alive(), what="the API server to start")
+    if not server.started:
+        raise RuntimeError("the API server stopped before it started")
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield ApiServer(url=f"http://127.0.0.1:{port}", app=app)
