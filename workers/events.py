@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 MARK_TTL = 30
 """Seconds the mark outlives its last renewal (a Flower that died stops renewing it)."""
 _RENEW_EVERY = 10.0
+_CAPTURE_WAIT = 10.0
 
 
 def _mark(settings: Settings) -> str:
@@ -77,10 +78,17 @@ def flower_watching(settings: Settings) -> bool:
         client.close()
 
 
-def keep_watch_mark(settings: Settings, app: Celery) -> threading.Thread | None:
+def keep_watch_mark(
+    settings: Settings, app: Celery, capturing: threading.Event | None = None
+) -> threading.Thread | None:
     """In Flower's process: put the mark up (before Flower serves) and renew it until the
     process ends; and tell the workers already running to send task events at once, as
-    Flower does only 5 s after it starts."""
+    Flower does only 5 s after it starts.
+
+    `capturing` is set once Flower's receiver has heard its first event (the workers
+    answer its wake-up with a heartbeat). Events sent before it listens are lost, so
+    the broadcast waits for it, up to `_CAPTURE_WAIT` (a broker without workers sends
+    nothing to hear)."""
     client = _client(settings)
     if client is None:
         return None
@@ -93,6 +101,8 @@ def keep_watch_mark(settings: Settings, app: Celery) -> threading.Thread | None:
             log.warning("could not mark the broker as watched: %s", type(exc).__name__)
 
     def renew() -> None:
+        if capturing is not None:
+            capturing.wait(_CAPTURE_WAIT)
         try:
             app.control.enable_events()
         except Exception as exc:  # Flower's own broadcast comes 5 s later

@@ -20,15 +20,17 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+import threading
+from typing import Any
 
+import flower.events  # type: ignore[import-untyped]
 from celery.events.state import Task
-from flower.events import EventsState  # type: ignore[import-untyped]
 
 from workers.app import app, settings
 from workers.embedded import ensure_embedded_redis
 from workers.events import keep_watch_mark
 
-__all__ = ["FlowerTask", "credentials", "run"]
+__all__ = ["FlowerState", "FlowerTask", "credentials", "run"]
 
 AUTH_VARIABLE = "RELAYQ_FLOWER_AUTH"
 TASK_COLUMNS = "name,uuid,state,args,received,runtime,worker"
@@ -40,6 +42,19 @@ class FlowerTask(Task):
 
     phase: str | None = None
     _fields = (*Task._fields, "phase")
+
+
+class FlowerState(flower.events.EventsState):
+    """Flower's state, whose tasks are `FlowerTask`s, and which says when its receiver
+    has heard a first event (`capturing`): from then on no event is lost to it."""
+
+    Task = FlowerTask
+    capturing = threading.Event()
+
+    def event(self, event: dict[str, Any]) -> Any:
+        if not self.capturing.is_set():
+            self.capturing.set()
+        return super().event(event)
 
 
 def credentials(value: str) -> list[str]:
@@ -83,9 +98,10 @@ def run(port: int = 5555, address: str = "127.0.0.1") -> None:
         )
     if settings.embedded_broker:
         ensure_embedded_redis(settings)
-    # Flower's state builds its tasks from `State.Task`; ours keeps the phase on display.
-    EventsState.Task = FlowerTask
-    keep_watch_mark(settings, app)
+    # Flower builds its state from the class its module names: ours keeps the phase
+    # on display and tells the mark's thread when the receiver listens.
+    flower.events.EventsState = FlowerState
+    keep_watch_mark(settings, app, FlowerState.capturing)
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if not os.environ.get("FLOWER_TASKS_COLUMNS"):  # Flower's own setting wins
         argv.append(f"--tasks_columns={TASK_COLUMNS}")

@@ -11,11 +11,13 @@ whoever reads the channel learns only that a run moved.
 
 Announcing is best effort, and must not slow a task: the announcing thread of
 the process publishes, with one connection, reused, what was announced while it
-was busy in one message; each publish is one try (reconnecting once, for a
-connection the server closed); after a failure, silence for a few seconds. A
-task only hands its run ids over, so a publish slowed by a busy machine costs
-no turn any time, and a short timeout need not stand between the two.
-A lost announcement costs a waiter its fallback poll, never its result.
+was busy in one message (reconnecting once, for a connection the server
+closed). A publish that fails (a broker away, or stalled past the timeout) is
+tried again a few seconds on, with what was announced since: a short outage
+delays the announcements, it does not lose them. A task only hands its run ids
+over, so a publish slowed by a busy machine costs no turn any time. Only a
+worker that dies or stops while publishing fails loses any, and a lost
+announcement costs a waiter its fallback poll, never its result.
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -43,7 +43,10 @@ __all__ = ["Announcer", "RunAnnouncer", "channel_of", "decode", "encode"]
 log = logging.getLogger(__name__)
 
 QUIET_AFTER_FAILURE = 5.0
-"""Seconds without trying again once a publish failed (the broker is likely down)."""
+"""Seconds before trying again once a publish failed (the broker is likely down or stalled)."""
+HELD_AT_MOST = 10_000
+"""Run ids kept for the next try while publishing fails; older ones are left to the
+waiters' fallback poll."""
 TIMEOUT = 2.0
 """Seconds one publish may take, connecting included (on the announcing thread)."""
 
@@ -65,14 +68,16 @@ def decode(data: bytes | str) -> list[str]:
 
 
 class Announcer:
-    """Publishes run ids from one process, on a thread of its own: one connection, one
-    try, quiet after a failure.
+    """Publishes run ids from one process, on a thread of its own: one connection, and
+    after a failed publish, the same ids again (with what came since) `quiet` seconds on.
 
-    `announce` never raises and never waits; a failure is logged at debug level.
+    `announce` never raises and never waits. A failure is logged once, as a warning,
+    and the recovery once, as info.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, quiet: float = QUIET_AFTER_FAILURE) -> None:
         self.channel = channel_of(settings)
+        self.quiet = quiet
         url = redis_url(settings)
         self._client = (
             None
@@ -85,47 +90,81 @@ class Announcer:
                 retry=Retry(NoBackoff(), 1),
             )
         )
-        self._quiet_until = 0.0
         self._pending: list[str] = []
-        self._busy = False
-        """The thread is publishing: what is announced meanwhile goes with its next message."""
-        self._lock = threading.Lock()
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="relayq-announce")
+        self._publishing = False
+        self._failing = False
+        self._closed = threading.Event()
+        self._changed = threading.Condition()
+        # A daemon: a process never waits at its exit on a broker that is away.
+        self._thread = threading.Thread(target=self._publish_forever, daemon=True)
+        self._thread.name = "relayq-announce"
 
     def announce(self, run_ids: Sequence[str]) -> None:
-        if self._client is None or not run_ids or time.monotonic() < self._quiet_until:
+        if self._client is None or not run_ids:
             return
-        with self._lock:
-            self._pending.extend(run_ids)
-            if self._busy:
-                return
-            self._busy = True
-        self._thread.submit(self._publish_pending)
+        with self._changed:
+            self._hold(run_ids)
+            if not self._thread.is_alive() and not self._closed.is_set():
+                self._thread.start()
+            self._changed.notify_all()
 
-    def _publish_pending(self) -> None:
+    def _hold(self, run_ids: Iterable[str]) -> None:
+        self._pending.extend(run_ids)
+        if len(self._pending) > HELD_AT_MOST:
+            del self._pending[:-HELD_AT_MOST]
+
+    def _publish_forever(self) -> None:
+        assert self._client is not None, "announce publishes nothing without a Redis"
         while True:
-            with self._lock:
-                run_ids, self._pending = self._pending, []
-                if not run_ids:
-                    self._busy = False
+            with self._changed:
+                self._changed.wait_for(lambda: self._pending or self._closed.is_set())
+                if not self._pending:
                     return
-            if time.monotonic() < self._quiet_until:
-                continue
+                # What was announced while the last publish was on its way goes in one.
+                run_ids, self._pending = list(dict.fromkeys(self._pending)), []
+                self._publishing = True
             try:
-                assert self._client is not None, "announce publishes nothing without a Redis"
                 self._client.publish(self.channel, encode(run_ids))
-            except Exception as exc:  # a waiter's fallback poll finds the run
-                self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE
-                log.debug("could not announce %d run(s): %s", len(run_ids), type(exc).__name__)
+            except Exception as exc:  # held for the next try; a waiter's poll is the last resort
+                self._settle(failed=run_ids)
+                if not self._failing:
+                    self._failing = True
+                    log.warning(
+                        "could not announce %d run(s) (%s); trying again every %g s",
+                        len(run_ids), type(exc).__name__, self.quiet,
+                    )  # fmt: skip
+                if self._closed.wait(self.quiet):
+                    with self._changed:  # closing: no more tries
+                        self._pending.clear()
+                        self._changed.notify_all()
+                    return
+                continue
+            self._settle(failed=())
+            if self._failing:
+                self._failing = False
+                log.info("announcing runs again")
+
+    def _settle(self, failed: Sequence[str]) -> None:
+        with self._changed:
+            self._pending[:0] = failed
+            self._hold(())
+            self._publishing = False
+            self._changed.notify_all()
 
     def published(self, timeout: float = TIMEOUT * 2) -> None:
-        """Return once what was announced before has been published (or given up)."""
-        self._thread.submit(lambda: None).result(timeout)
+        """Return once what was announced before has been published (TimeoutError while
+        publishing fails)."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: not (self._pending or self._publishing), timeout):
+                raise TimeoutError(f"{len(self._pending)} run(s) not announced yet")
 
     def close(self) -> None:
+        """Publish what is pending, one try, and stop."""
+        with self._changed:
+            self._closed.set()
+            self._changed.notify_all()
         with contextlib.suppress(TimeoutError):  # the broker hangs; nothing waits on it
             self.published()
-        self._thread.shutdown(wait=False)
         if self._client is not None:
             self._client.close()
 

@@ -95,8 +95,15 @@ def flower(durable: Durable) -> Iterator[Flower]:
         stop_group(proc)
 
 
-async def _events_on(durable: Durable, eventually: Eventually) -> None:
-    """Flower turns task events on with a broadcast every 5 s; the worker logs the first."""
+async def _events_on(durable: Durable, flower: Flower, eventually: Eventually) -> None:
+    """Flower hears the workers (their heartbeats reach its receiver), and has turned their
+    task events on (the worker logs the first broadcast): no event is lost from here."""
+
+    async def heard() -> bool:
+        alive = await flower.get("/api/workers", status=True)
+        return any(alive.values())
+
+    await eventually(heard, timeout=20, what="flower's receiver to hear a worker")
     await eventually(
         lambda: "Events of group {task} enabled by remote" in durable.worker.logfile.read_text(),
         timeout=20,
@@ -108,7 +115,7 @@ async def test_flower_lists_a_runs_turns_by_their_label_and_never_the_prompt(
     durable: Durable, client: DurableClient, flower: Flower, prompt: str, eventually: Eventually
 ):
     # Given Flower has turned the worker's task events on
-    await _events_on(durable, eventually)
+    await _events_on(durable, flower, eventually)
     secret = f"{prompt}: the customer's card is 4242 4242 4242 4242"
 
     # When a two-turn run (a tool, then the final text) finishes
@@ -144,7 +151,7 @@ async def test_flower_shows_the_phase_of_a_turn_while_it_runs(
     durable: Durable, client: DurableClient, flower: Flower, prompt: str, eventually: Eventually
 ):
     # Given task events are on and a run whose tool holds its turn until released
-    await _events_on(durable, eventually)
+    await _events_on(durable, flower, eventually)
     run_id = await client.start("holding", prompt)
     await eventually(lambda: durable.count("tool", f"hold {run_id}") == 1, what="the tool to start")
 
@@ -165,7 +172,7 @@ async def test_flowers_task_list_shows_each_turns_run_agent_and_number(
     durable: Durable, client: DurableClient, flower: Flower, prompt: str, eventually: Eventually
 ):
     # Given a two-turn run that has finished while Flower watched
-    await _events_on(durable, eventually)
+    await _events_on(durable, flower, eventually)
     run_id = await client.start("two-step", prompt)
     assert (await client.result(run_id, wait=True, timeout=20)).status == "done"
 
@@ -220,7 +227,7 @@ async def test_a_failed_turn_shows_its_runtime_in_flowers_task_list(
     durable: Durable, client: DurableClient, flower: Flower, prompt: str, eventually: Eventually
 ):
     # Given task events are on
-    await _events_on(durable, eventually)
+    await _events_on(durable, flower, eventually)
 
     # When a run fails in its first turn (the model refuses the request)
     run_id = await client.start("refusing", prompt)

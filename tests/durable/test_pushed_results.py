@@ -170,7 +170,7 @@ async def test_a_run_started_while_subscribed_is_read_once_when_it_settles(
     # turn, which queued the second, was not; a run changed while subscribed needs no
     # read before its announcement)
     assert res.status == "done"
-    assert _status_reads(seen) == 1
+    assert _status_reads(seen) == 1, durable.worker.logfile.read_text()[-4000:]
 
 
 async def test_an_announcement_names_the_run_only_on_the_prefixed_channel(

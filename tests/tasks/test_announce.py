@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
+import redis
 
 from store.requests import run_of_request
 from tasks import Settings
-from tasks.broker.announce import Announcer, RunAnnouncer, channel_of, decode, encode
+from tasks.broker.announce import HELD_AT_MOST, Announcer, RunAnnouncer, channel_of, decode, encode
 from tasks.broker.peek import redis_url
 from tasks.hooks import AnswerApplied, RunSettled, TurnOutcome
 from tests.ports import free_port
@@ -80,29 +82,84 @@ def test_the_embedded_brokers_socket_is_reached_as_redis_py_spells_it(tmp_path):
     assert redis_url(Settings.from_env({"RELAYQ_BROKER_URL": "amqp://h//"})) is None
 
 
-def test_a_failed_announcement_raises_nothing_and_quiets_the_announcer():
-    # Given an announcer whose broker refuses connections
-    settings = Settings.from_env({"RELAYQ_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
-    announcer = Announcer(settings)
-    try:
-        # When it announces, it fails quietly ...
-        announcer.announce(["run_1"])
-        announcer.published()
+def _unreachable() -> Settings:
+    return Settings.from_env({"RELAYQ_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
 
-        # ... and tries no more for a while: a task is not slowed by a broker that is away
-        tries: list[str] = []
-        announcer._client.publish = lambda channel, data: tries.append(data)  # type: ignore[union-attr, method-assign]
-        announcer.announce(["run_2"])
+
+def test_a_failed_announcement_raises_nothing_and_is_tried_again_with_what_came_since():
+    # Given an announcer whose broker fails its first publish (away, or stalled)
+    announcer = Announcer(_unreachable(), quiet=0.3)
+    sent: list[list[str]] = []
+    tries: list[float] = []
+    delivered = threading.Event()
+
+    def publish(channel: str, data: str) -> None:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            raise redis.ConnectionError("the broker is away")
+        sent.append(decode(data))
+        delivered.set()
+
+    announcer._client.publish = publish  # type: ignore[union-attr, method-assign]
+    try:
+        # When it announces, it fails quietly, and runs announced meanwhile wait with it
+        announcer.announce(["run_1"])
+        announcer.announce(["run_2", "run_1"])
+
+        # Then after its quiet spell, and not before, one message names each run once
+        assert delivered.wait(5)
         announcer.published()
-        assert tries == []
     finally:
         announcer.close()
+    assert sent == [["run_1", "run_2"]]
+    assert tries[1] - tries[0] >= 0.3
+
+
+def _refuse(channel: str, data: str) -> None:
+    raise redis.ConnectionError("the broker is away")
+
+
+def test_a_closed_announcer_tries_once_more_and_never_again():
+    # Given an announcer whose broker refuses every publish
+    announcer = Announcer(_unreachable(), quiet=60)
+    tries: list[str] = []
+    failed = threading.Event()
+
+    def publish(channel: str, data: str) -> None:
+        tries.append(data)
+        failed.set()
+        raise redis.ConnectionError("the broker is away")
+
+    announcer._client.publish = publish  # type: ignore[union-attr, method-assign]
+    announcer.announce(["run_1"])
+    assert failed.wait(5)
+
+    # When it is closed in its quiet spell, it stops at once, dropping what it held
+    announcer.close()
+    announcer._thread.join(5)
+    assert not announcer._thread.is_alive()
+    assert tries == ["run_1"]
+
+
+def test_an_announcer_holds_the_newest_run_ids_while_it_cannot_publish():
+    # Given an announcer that cannot publish, and more runs announced than it holds
+    announcer = Announcer(_unreachable(), quiet=60)
+    announcer._client.publish = _refuse  # type: ignore[union-attr, method-assign]
+    try:
+        announcer.announce([f"run_{n}" for n in range(HELD_AT_MOST + 50)])
+        # Then it keeps the newest; the oldest are left to their waiters' fallback poll
+        with pytest.raises(TimeoutError):
+            announcer.published(timeout=0.2)
+        held = list(announcer._pending)
+    finally:
+        announcer.close()
+    assert len(held) == HELD_AT_MOST
+    assert held[-1] == f"run_{HELD_AT_MOST + 49}"
 
 
 def test_what_is_announced_while_a_publish_is_on_its_way_goes_in_the_next_message():
     # Given an announcer whose first publish is slow (a busy machine)
-    settings = Settings.from_env({"RELAYQ_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
-    announcer = Announcer(settings)
+    announcer = Announcer(_unreachable())
     sent: list[str] = []
     first = threading.Event()
     release = threading.Event()
