@@ -1,26 +1,46 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck pytest clean
+.PHONY: test test-latest versions demo lint typecheck pytest lock clean
+
+# Every package at the exact version requirements/dev.lock names, so a release upstream
+# cannot turn main red between two days; `make lock` moves the lock to the newest
+# versions pyproject.toml's ranges allow, and `make test-latest` tries them unlocked.
+LOCK := requirements/dev.lock
+PIP_VERSION := 26.3
 
 # pip's and the build backend's output (setuptools' deprecation boxes among it) goes to
 # $(INSTALL_LOG); the terminal gets one line, or the log's tail if the install fails.
 INSTALL_LOG := $(VENV)/install.log
+# LOCKED=0 (make test-latest) installs the newest releases the ranges allow instead.
+LOCKED ?= 1
+ifeq ($(LOCKED),1)
+INSTALL_FROM := from $(LOCK)
+INSTALL := $(BIN)/python -m pip install -r $(LOCK) && $(BIN)/python -m pip install --no-deps -e .
+else
+INSTALL_FROM := unlocked, the newest releases
+INSTALL := $(BIN)/python -m pip install --upgrade --upgrade-strategy eager -e '.[dev]'
+endif
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing relayq and its dependencies into $(VENV) (output in $(INSTALL_LOG)) ..."
-	@{ $(BIN)/python -m pip install --upgrade pip \
-	  && $(BIN)/python -m pip install -e '.[dev]'; } > $(INSTALL_LOG) 2>&1 \
+	@echo "installing relayq and its dependencies into $(VENV), $(INSTALL_FROM) (output in $(INSTALL_LOG)) ..."
+	@{ $(BIN)/python -m pip install pip==$(PIP_VERSION) && $(INSTALL); } > $(INSTALL_LOG) 2>&1 \
 	  || { tail -n 40 $(INSTALL_LOG); echo "make: the install failed; all of it is in $(INSTALL_LOG)"; exit 1; }
 	@touch $(STAMP)
 
+# A red run names what it ran on: the versions of the parts a new release could break.
+VERSIONED := celery kombu redis SQLAlchemy sqlmodel pydantic fastapi uvicorn flower psycopg
+versions: $(STAMP)
+	@$(BIN)/python -c 'import sys; from importlib.metadata import version; \
+	  print("versions:", ", ".join(f"{n} {version(n)}" for n in sys.argv[1:]))' $(VERSIONED)
+
 # mypy (40 CPU-s) checks the code while the suite runs, which waits on processes more than
 # it computes; its report follows the suite's, and either failing fails `make test`.
-test: lint $(STAMP)
+test: versions lint $(STAMP)
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & types=$$!; \
 	$(MAKE) --no-print-directory pytest; tests=$$?; \
 	wait $$types; typed=$$?; echo "$(BIN)/mypy"; cat $(VENV)/mypy.log; \
@@ -49,5 +69,21 @@ pytest: $(STAMP)
 demo: $(STAMP)
 	@$(BIN)/relayq demo $(DEMO)
 
+# The newest releases, unlocked, in a venv of their own: what a new user's install takes.
+test-latest:
+	@rm -f .venv-latest/.installed
+	@$(MAKE) --no-print-directory test VENV=.venv-latest LOCKED=0
+
+# pip-tools' pip-compile, in a venv of its own, reading pip's own configuration (indexes,
+# find-links); relayq's own line (the dev extra names relayq) is left out of the lock.
+# Commit a refreshed lock only together with a green `make test`.
+lock:
+	@test -x .venv-lock/bin/pip-compile || { $(PYTHON) -m venv .venv-lock \
+	  && .venv-lock/bin/python -m pip install -q pip==$(PIP_VERSION) pip-tools; }
+	.venv-lock/bin/pip-compile --quiet --upgrade --extra dev --strip-extras --allow-unsafe \
+	  --no-emit-index-url --no-emit-find-links --no-header -o $(LOCK) pyproject.toml
+	@sed -i '/^relayq @ /,/^    # via relayq/d' $(LOCK)
+	@echo "make: $(LOCK) refreshed; run make test before committing it"
+
 clean:
-	rm -rf $(VENV) .relayq .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-latest .venv-lock .relayq .pytest_cache .mypy_cache .ruff_cache

@@ -3,11 +3,8 @@
 aiohttp, not httpx: with 500 calls in flight a call costs about a quarter of
 the CPU it took through httpx clients in shards (`python -m bench.transport`).
 
-A session belongs to the loop it was made on. `Sessions.aclose()` closes the
-running loop's. A loop that ends without it closes its session as it shuts
-down its async generators (asyncio.run and asyncio.Runner do, pytest-asyncio's
-loops too: it is the one hook a loop offers), and a loop still running when the process
-exits (a worker's loop thread) has its session closed at exit.
+A session belongs to the loop it was made on (`relayq.perloop`): `Sessions.aclose()`
+closes the running loop's, and one left open is closed as its loop ends, or at exit.
 
 As httpx did: certificates from certifi, the proxy the environment names
 (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, less NO_PROXY), read when a loop's
@@ -16,21 +13,18 @@ session is made; no redirects followed; idle connections kept 5 s.
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import codecs
-import concurrent.futures
-import contextlib
 import functools
 import ssl
 import urllib.request
-import weakref
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
 import certifi
+
+from relayq.perloop import PerLoop
 
 __all__ = ["UNREACHABLE", "Answer", "Sessions", "proxy_for"]
 
@@ -42,8 +36,6 @@ _KEEP_IDLE = 2.0
 """Seconds an idle connection is kept open (aiohttp closes it within twice that). Well
 under the 5 s after which uvicorn and Node close one: a busy loop reads a server's close
 late, and a call sent on a connection just closed fails "Server disconnected"."""
-_EXIT_WAIT = 1.0
-"""Seconds to wait at exit, in all, for running loops to close their sessions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +86,12 @@ def _bypassed(host: str, no_proxy: str) -> bool:
     return False
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Opened:
-    """One loop's session, the proxy read when it was made, and what closes it with its loop."""
+    """One loop's session, and the proxy read when it was made."""
 
     session: aiohttp.ClientSession
     proxy: str | None
-    closer: AsyncGenerator[None, None] | None = None
 
 
 class Sessions:
@@ -116,16 +107,14 @@ class Sessions:
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
         )
-        self._open: dict[asyncio.AbstractEventLoop, _Opened] = {}
-        _LIVE.add(self)
+        self._open = PerLoop(open=self._start, close=lambda opened: opened.session.close())
 
     async def post(self, body: bytes, headers: Mapping[str, str]) -> Answer:
         """POST `body` (JSON) to the endpoint and read the whole answer, whatever its status.
 
         Raises TimeoutError, or one of UNREACHABLE when the endpoint cannot be reached.
         """
-        loop = asyncio.get_running_loop()
-        opened = self._open.get(loop) or await self._start(loop)
+        opened = await self._open.get()
         async with opened.session.post(
             self._url,
             data=body,
@@ -140,58 +129,15 @@ class Sessions:
                 charset=response.charset,
             )
 
-    async def _start(self, loop: asyncio.AbstractEventLoop) -> _Opened:
+    def _start(self) -> _Opened:
         connector = aiohttp.TCPConnector(
             limit=self._max_connections, ssl=_tls(), keepalive_timeout=_KEEP_IDLE
         )
         # trust_env off: the proxy is read here, once, and ~/.netrc is not consulted
         # (it could add credentials meant for another client).
         session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
-        opened = self._open[loop] = _Opened(session, proxy_for(self._url))
-        opened.closer = self._close_with_loop(loop, opened)
-        await anext(opened.closer)  # the loop now holds it, to finish as the loop ends
-        return opened
-
-    async def _close_with_loop(
-        self, loop: asyncio.AbstractEventLoop, opened: _Opened
-    ) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            if self._open.get(loop) is opened:
-                del self._open[loop]
-            await opened.session.close()
+        return _Opened(session, proxy_for(self._url))
 
     async def aclose(self) -> None:
         """Close the running loop's session; the next call opens a new one."""
-        await self._close(asyncio.get_running_loop())
-
-    async def _close(self, loop: asyncio.AbstractEventLoop) -> None:
-        opened = self._open.get(loop)
-        if opened is not None and opened.closer is not None:
-            await opened.closer.aclose()
-
-    def close_from_outside(self) -> list[concurrent.futures.Future[None]]:
-        """Close each loop's session from outside its loop, at exit: a loop that is idle at
-        once; one still running in its thread (a worker's) as soon as it can, returning the
-        futures to wait for. A closed loop runs nothing: its sockets go with the process."""
-        running = []
-        for loop in list(self._open):
-            if loop.is_running():
-                running.append(asyncio.run_coroutine_threadsafe(self._close(loop), loop))
-            elif not loop.is_closed():
-                loop.run_until_complete(self._close(loop))
-        return running
-
-
-_LIVE: weakref.WeakSet[Sessions] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    closing = []
-    for sessions in list(_LIVE):
-        # Exiting anyway: whatever fails to close leaves its sockets to the OS.
-        with contextlib.suppress(Exception):
-            closing += sessions.close_from_outside()
-    concurrent.futures.wait(closing, timeout=_EXIT_WAIT)
+        await self._open.aclose()

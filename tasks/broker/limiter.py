@@ -40,7 +40,6 @@ import random
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -52,6 +51,7 @@ from relayq import Usage
 from relayq.agents import Agent
 from relayq.circuit import CircuitModel
 from relayq.model import Model
+from relayq.perloop import PerLoop
 from relayq.ratelimit import (
     LimitCounters,
     LimitedModel,
@@ -65,6 +65,7 @@ from relayq.ratelimit import (
     WaitReason,
 )
 from tasks.broker.circuit import circuit_for
+from tasks.broker.redis_clients import close_redis, redis_pool
 from tasks.settings import Settings
 
 __all__ = [
@@ -227,31 +228,21 @@ class RedisLimiter(Limiter):
         """Seconds between tries at a full in-flight cap, for slots freed by other processes."""
         self.retry_unavailable = retry_unavailable
         """Seconds calls go unlimited after Redis failed, before it is tried again."""
-        self._conns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Conn] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._conns = PerLoop(open=self._open, close=lambda conn: close_redis(conn.client))
         self._down_until = 0.0
         self._warned = 0.0
 
     def __repr__(self) -> str:
         return f"RedisLimiter(prefix={self.prefix!r})"  # never the URL: it may hold a password
 
-    def _conn(self) -> _Conn:
-        loop = asyncio.get_running_loop()
-        conn = self._conns.get(loop)
-        if conn is None:
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self.url, max_connections=32, timeout=5, socket_timeout=5, socket_connect_timeout=2
-            )
-            client = aioredis.Redis.from_pool(pool)  # closing the client closes the pool
-            conn = _Conn(
-                client,
-                client.register_script(_ACQUIRE),
-                client.register_script(_RELEASE),
-                client.register_script(_PAUSE),
-            )
-            self._conns[loop] = conn
-        return conn
+    def _open(self) -> _Conn:
+        client = redis_pool(self.url, owner="limiter", max_connections=32, socket_timeout=5)
+        return _Conn(
+            client,
+            client.register_script(_ACQUIRE),
+            client.register_script(_RELEASE),
+            client.register_script(_PAUSE),
+        )
 
     def keys(self, limits: ProviderLimits) -> list[str]:
         """The provider's state and in-flight keys (one hash slot, for a Redis cluster)."""
@@ -260,9 +251,7 @@ class RedisLimiter(Limiter):
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
-        conn = self._conns.pop(asyncio.get_running_loop(), None)
-        if conn is not None:
-            await conn.client.aclose()
+        await self._conns.aclose()
 
     # -- acquire ------------------------------------------------------------------------------
 
@@ -274,7 +263,7 @@ class RedisLimiter(Limiter):
         if started < self._down_until:
             return self._unlimited(limits, prompt_tokens, "still unreachable")
         try:
-            conn = self._conn()
+            conn = await self._conns.get()
         except ValueError as exc:  # a broker URL redis-py reads otherwise than kombu
             self._down_until = started + self.retry_unavailable
             return self._unlimited(limits, prompt_tokens, type(exc).__name__)
@@ -386,7 +375,9 @@ class RedisLimiter(Limiter):
         limits = permit.limits
         if not permit.id or not (limits.max_in_flight or limits.tokens_per_minute):
             return  # went unlimited, or holds nothing to give back or correct
-        conn = self._conn()
+        conn = self._conns.here()
+        if conn is None:
+            return  # its loop's connections were closed meanwhile: the lease frees the slot
         tokens = -1
         if used is not None:
             tokens = used.total_tokens or used.prompt_tokens + used.completion_tokens
@@ -414,7 +405,7 @@ class RedisLimiter(Limiter):
         self, limits: ProviderLimits, *, status: int, retry_after: float | None
     ) -> None:
         if retry_after is not None and retry_after > 0:
-            conn = self._conn()
+            conn = await self._conns.get()
             gate = conn.gate(limits.key)
             loop = asyncio.get_running_loop()
             gate.paused_until = max(gate.paused_until, loop.time() + retry_after)

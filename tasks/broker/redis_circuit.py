@@ -35,11 +35,9 @@ read for people (/metrics, `relayq batch status`) are `tasks.broker.circuit_view
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -57,7 +55,9 @@ from relayq.circuit import (
     Ticket,
     Wait,
 )
+from relayq.perloop import PerLoop
 from relayq.ratelimit import ProviderLimits
+from tasks.broker.redis_clients import close_redis, redis_pool
 
 __all__ = ["REFRESH", "RedisCircuit", "Wake", "decoded"]
 
@@ -205,9 +205,7 @@ class RedisCircuit(Circuit):
         self.retry_unavailable = retry_unavailable
         """Seconds the circuit is left out after Redis failed, before it is tried again."""
         self._seen: dict[str, _Seen] = {}
-        self._conns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Conn] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._conns = PerLoop(open=self._open, close=lambda conn: close_redis(conn.client))
         self._down_until = 0.0
         self._warned = 0.0
 
@@ -221,24 +219,14 @@ class RedisCircuit(Circuit):
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
-        conn = self._conns.pop(asyncio.get_running_loop(), None)
-        if conn is not None:
-            await conn.client.aclose()
+        await self._conns.aclose()
 
-    def _conn(self) -> _Conn:
-        loop = asyncio.get_running_loop()
-        conn = self._conns.get(loop)
-        if conn is None:
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self.url, max_connections=8, timeout=5, socket_timeout=5, socket_connect_timeout=2
-            )
-            client = aioredis.Redis.from_pool(pool)  # closing the client closes the pool
-            conn = self._conns[loop] = _Conn(client)
-        return conn
+    def _open(self) -> _Conn:
+        return _Conn(redis_pool(self.url, owner="circuit", max_connections=8, socket_timeout=5))
 
     async def _run(self, script: str, key: str, *args: str | int) -> Any:
         """Run `script` on circuit `key`; raises redis.RedisError or OSError."""
-        conn = self._conn()
+        conn = await self._conns.get()
         registered = conn.scripts.get(script)
         if registered is None:
             registered = conn.scripts[script] = conn.client.register_script(script)
@@ -415,7 +403,7 @@ class RedisCircuit(Circuit):
 
     async def still_waiting(self, key: str, run_id: str) -> bool:
         try:
-            return bool(await self._conn().client.hexists(self.keys(key)[1], run_id))
+            return bool(await (await self._conns.get()).client.hexists(self.keys(key)[1], run_id))
         except (redis.RedisError, OSError, ValueError) as exc:
             self._unavailable(None, exc)
             return True

@@ -31,6 +31,7 @@ from relayq import RelayqError
 from store import Database, StoreUnavailable, UnknownRun, settled, settled_many
 from tasks.broker.announce import channel_of, decode
 from tasks.broker.peek import redis_url
+from tasks.broker.redis_clients import close_redis, connection_name
 from tasks.settings import Settings
 
 __all__ = ["RunWaiter", "WaitTimeout"]
@@ -73,9 +74,9 @@ class RunWaiter:
         self._woken: set[str] = set()
         self._everything = False
         self._due = asyncio.Event()
-        self._tasks = [self.loop.create_task(self._check_forever())]
+        self._tasks = [_held(self.loop.create_task(self._check_forever()))]
         if self._url is not None:
-            self._tasks.append(self.loop.create_task(self._listen_forever(self._url)))
+            self._tasks.append(_held(self.loop.create_task(self._listen_forever(self._url))))
         self._timer = self.loop.call_later(recheck, self._tick)
 
     async def wait(
@@ -194,7 +195,10 @@ class RunWaiter:
         pause = 0.05
         while True:
             client = redis.asyncio.Redis.from_url(
-                url, socket_connect_timeout=5, retry=Retry(NoBackoff(), 0)
+                url,
+                client_name=connection_name("waiter"),
+                socket_connect_timeout=5,
+                retry=Retry(NoBackoff(), 0),
             )
             pubsub = client.pubsub()
             try:
@@ -217,10 +221,23 @@ class RunWaiter:
                 log.debug("lost the run announcements (%s); subscribing again", type(exc).__name__)
             finally:
                 self.subscription = None
-                await pubsub.aclose()
-                await client.aclose()
+                await close_redis(client, pubsub)
             await asyncio.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE)
+
+
+_HELD: set[asyncio.Task[None]] = set()
+"""Every waiter's tasks until they end. A loop keeps only weak references to its tasks: a
+waiter closed while its subscriber still closes its connection is dropped, and a task
+waiting on a socket whose loop holds it only through that cycle could be collected midway,
+its connection left open (a subscriber closed so, 'coroutine ignored GeneratorExit', was
+seen under a loaded suite)."""
+
+
+def _held(task: asyncio.Task[None]) -> asyncio.Task[None]:
+    _HELD.add(task)
+    task.add_done_callback(_HELD.discard)
+    return task
 
 
 def _stop_if_cancelled() -> None:

@@ -28,6 +28,7 @@ from relayq.approvals import decline
 from store import Database, OutboxRow, cancel_run
 from tasks import DurableClient, Settings, WaitTimeout
 from tasks.broker.announce import channel_of
+from tasks.broker.redis_clients import close_redis
 from tasks.host.client import Waiting
 from tests.brokers import PrivateRedis
 from tests.store.driver import statements
@@ -181,8 +182,8 @@ async def test_an_announcement_names_the_run_only_on_the_prefixed_channel(
         durable.broker.url.replace("redis+socket://", "unix://")
     )
     pubsub = listener.pubsub()
-    await pubsub.psubscribe("*")
     try:
+        await pubsub.psubscribe("*")
         # When a run of two turns ends, and then another
         async with DurableClient(settings=durable.settings) as client:
             first = await client.run("two-step", prompt, timeout=30)
@@ -203,8 +204,7 @@ async def test_an_announcement_names_the_run_only_on_the_prefixed_channel(
         assert mine == [(f"{durable.settings.key_prefix}runs", first.run_id.encode())]
         assert prompt.encode() not in b"".join(data for _, data in heard)
     finally:
-        await pubsub.aclose()
-        await listener.aclose()
+        await close_redis(listener, pubsub)
 
 
 async def test_a_declined_budget_ends_the_run_and_its_answer_task_announces_it(

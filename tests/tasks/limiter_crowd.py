@@ -29,7 +29,6 @@ async def crowd(args: argparse.Namespace) -> dict[str, int]:
         requests_per_minute=args.rpm,
         max_in_flight=args.in_flight,
     )
-    r = aioredis.Redis.from_url(args.url)
     peak = granted = 0
 
     async def one() -> None:
@@ -41,12 +40,14 @@ async def crowd(args: argparse.Namespace) -> dict[str, int]:
         await r.decr(args.prefix + "holding")
         await limiter.release(permit, used=None)
 
-    await r.incr(args.prefix + "ready")
-    while not await r.exists(args.prefix + "go"):  # noqa: ASYNC110 (another process says when)
-        await asyncio.sleep(0.005)
-    await asyncio.gather(*(one() for _ in range(args.callers)))
-    await limiter.aclose()
-    await r.aclose()
+    async with aioredis.Redis.from_url(args.url) as r:  # closed on every path
+        try:
+            await r.incr(args.prefix + "ready")
+            while not await r.exists(args.prefix + "go"):  # noqa: ASYNC110 (another process says when)
+                await asyncio.sleep(0.005)
+            await asyncio.gather(*(one() for _ in range(args.callers)))
+        finally:
+            await limiter.aclose()
     return {"peak": peak, "granted": granted}
 
 

@@ -1,0 +1,90 @@
+"""relayq's `redis.asyncio` clients, each closed to the end on every path.
+
+A client dropped open is a socket nobody closes, which redis-py 8.2 reports with a
+ResourceWarning when it is collected, often in another test or after its loop ended.
+Three things left them open: a close cut short by a second cancellation (asyncio.run
+cancels every task as it ends, on top of the owner's own cancel, and redis-py re-raises
+it from `PubSub.aclose` before the client is reached); a close whose sockets were still
+to be let go by the loop's next turn when the loop ended; and a pool per event loop that
+nothing closed when its loop ended (`relayq.perloop.PerLoop` closes those now).
+
+`close_redis` closes a client to the end whatever cuts in; the caller still ends
+cancelled, once the close is done.
+`redis_pool` makes the per-loop pool that the limiter and the circuits share the shape of.
+Each connection is named for its owner and process (`connection_name`), so an operator's
+`CLIENT LIST` says which relayq process holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+__all__ = ["close_redis", "connection_name", "redis_pool"]
+
+
+def connection_name(owner: str) -> str:
+    """What `CLIENT LIST` calls a connection of `owner` in this process: `relayq-limiter-4711`."""
+    return f"relayq-{owner}-{os.getpid()}"
+
+
+def redis_pool(
+    url: str, *, owner: str, max_connections: int, socket_timeout: float
+) -> aioredis.Redis:
+    """A client on a pool of at most `max_connections` (waiting up to 5 s for a free one),
+    its connections named for `owner`; closing the client closes the pool."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        client_name=connection_name(owner),
+        max_connections=max_connections,
+        timeout=5,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=2,
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+async def close_redis(client: aioredis.Redis, *pubsubs: Any) -> None:
+    """Close `pubsubs`, then `client` and its pool (the pubsubs' connections too), to the
+    end: each step runs though the one before failed (a broker gone away) or was cut
+    short by a cancellation, and a cancellation met on the way is raised once all is done.
+
+    The steps run in the caller's own task, and what a cancellation cut short is closed
+    after them one connection at a time: a task of their own (redis-py closes a pool's
+    connections in one task each) may be cancelled before its first step by a loop that
+    is ending, which cancels every task it holds."""
+    cancelled = False
+
+    async def step(close: Callable[[], Awaitable[object]]) -> None:
+        nonlocal cancelled
+        try:
+            await close()
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:
+            pass  # closing what is already broken: nothing to keep
+
+    for pubsub in pubsubs:
+        await step(pubsub.aclose)
+    await step(client.aclose)
+    for connection in _connections_of(client.connection_pool):
+        if connection.is_connected:
+            # Its socket is closed before the first await: a cancellation cannot stop that.
+            await step(functools.partial(connection.disconnect, nowait=True))
+    # A closed transport lets go of its socket on the loop's next turn: take it here,
+    # so a loop that ends next leaves no socket behind.
+    for _ in range(2):
+        await step(lambda: asyncio.sleep(0))
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+def _connections_of(pool: Any) -> list[Any]:
+    """Every connection a redis-py pool made and holds, idle or in use."""
+    held = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]
+    return held or list(getattr(pool, "_connections", ()))
