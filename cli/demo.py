@@ -62,7 +62,7 @@ def main(jobs: int = 20, home: Path | None = None, *, keep: bool = False) -> Non
     home = (home or Path(".relayq") / "demo").resolve()
     shutil.rmtree(home, ignore_errors=True)  # each demo starts from an empty store
     home.mkdir(parents=True)
-    receiver = WebhookReceiver(secrets.token_urlsafe(32)).start()
+    receiver = WebhookReceiver(secrets.token_urlsafe(32), keep_in=home / "webhooks.jsonl").start()
     stack = build_stack(home, webhook_url=receiver.url, webhook_secret=receiver.secret)
     settings = Settings.from_env(stack.env)
     if settings.embedded_broker:
@@ -97,7 +97,7 @@ def _run(stack: Stack, jobs: int, receiver: WebhookReceiver, *, keep: bool) -> N
 
     _batch(stack, jobs)
     runs = [_edited_refund(stack), _quorum_refund(stack)]
-    _webhooks(stack, receiver, runs)
+    _webhooks(receiver, runs)
     if keep:
         return
     console.print(
@@ -384,8 +384,11 @@ class WebhookReceiver:
     """The demo's webhook endpoint: an HTTP server on 127.0.0.1, in a thread of this process,
     that checks every delivery's signature with `tasks.webhooks.sender.verify_signature`."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, *, keep_in: Path) -> None:
         self.secret = secret
+        self.keep_in = keep_in
+        """Each event, a JSON line, written as it is first received and before it is
+        answered: a delivery the worker records as made is in it, whenever the demo stops."""
         self.url = ""
         self._got: dict[str, Delivery] = {}
         self.refused = 0
@@ -427,7 +430,10 @@ class WebhookReceiver:
             delivery = Delivery(
                 event["id"], event["type"], event["createdAt"], event["data"], attempt
             )
-            self._got.setdefault(delivery.id, delivery)
+            if delivery.id not in self._got:
+                self._got[delivery.id] = delivery
+                with self.keep_in.open("a") as out:
+                    out.write(json.dumps(dataclasses.asdict(delivery)) + "\n")
         return True
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -446,8 +452,9 @@ class WebhookReceiver:
         return Handler
 
 
-def _webhooks(stack: Stack, receiver: WebhookReceiver, runs: list[str]) -> None:
-    """Wait for the approval runs' events, print them, keep them in webhooks.jsonl."""
+def _webhooks(receiver: WebhookReceiver, runs: list[str]) -> None:
+    """Wait for the approval runs' events and print them (the receiver keeps every event in
+    webhooks.jsonl)."""
     console.rule("webhook deliveries")
     wanted = {(r, t) for r in runs for t in ("request.opened", "request.decided", "run.finished")}
     deadline = time.monotonic() + 30
@@ -457,9 +464,6 @@ def _webhooks(stack: Stack, receiver: WebhookReceiver, runs: list[str]) -> None:
             break
         time.sleep(0.2)
     events = receiver.events()
-    with (stack.home / "webhooks.jsonl").open("w") as out:
-        for e in events:
-            out.write(json.dumps(dataclasses.asdict(e)) + "\n")
     table = Table(title=f"the approval runs' events, as POSTed to {receiver.url}")
     table.add_column("at (UTC)")
     table.add_column("event", no_wrap=True)
