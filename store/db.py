@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DataError, DBAPIError, StatementError
+from sqlalchemy.exc import DataError, DBAPIError, DisconnectionError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlmodel import Session, create_engine
 
@@ -45,6 +45,8 @@ __all__ = [
 _WRITE = "relayq_write"
 _IMPATIENT = "relayq_impatient"
 BUSY_TIMEOUT_ENV = "RELAYQ_SQLITE_BUSY_TIMEOUT"
+CONNECT_TIMEOUT_ENV = "RELAYQ_STORE_CONNECT_TIMEOUT"
+SILENT_AFTER_ENV = "RELAYQ_STORE_SILENT_AFTER"
 
 _impatient: ContextVar[bool] = ContextVar("relayq_impatient", default=False)
 
@@ -65,15 +67,37 @@ def impatient() -> Iterator[None]:
         _impatient.reset(token)
 
 
-def _busy_timeout() -> float:
-    raw = os.environ.get(BUSY_TIMEOUT_ENV) or "30"
+def _seconds(variable: str, default: float, minimum: float = 0.0) -> float:
+    raw = os.environ.get(variable) or str(default)
     try:
         seconds = float(raw)
     except ValueError:
-        raise ValueError(f"{BUSY_TIMEOUT_ENV} must be a number of seconds, not {raw!r}") from None
-    if seconds < 0:
-        raise ValueError(f"{BUSY_TIMEOUT_ENV} must be 0 seconds or more, not {raw!r}")
+        raise ValueError(f"{variable} must be a number of seconds, not {raw!r}") from None
+    if seconds < minimum:
+        raise ValueError(f"{variable} must be {minimum:g} seconds or more, not {raw!r}")
     return seconds
+
+
+def _busy_timeout() -> float:
+    return _seconds(BUSY_TIMEOUT_ENV, 30)
+
+
+def _bounded_waits() -> dict[str, Any]:
+    """libpq's bounds on a connection's waits: connecting (the server's whole answer to a
+    new connection, TLS and authentication included), and a peer gone silent on an open
+    one, which TCP keepalives and tcp_user_timeout find (no RST, no FIN: a failover, a
+    dropped route); without them a worker waits on such a connection for good."""
+    connect = _seconds(CONNECT_TIMEOUT_ENV, 10, minimum=2)
+    silent = _seconds(SILENT_AFTER_ENV, 20, minimum=4)
+    probe = max(1, int(silent / 4))
+    return {
+        "connect_timeout": max(2, round(connect)),  # libpq takes whole seconds, at least 2
+        "keepalives": 1,
+        "keepalives_idle": probe,
+        "keepalives_interval": probe,
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(silent * 1000),
+    }
 
 
 # SQLSTATEs a later try may not meet: connection exceptions (08), the server shutting
@@ -85,16 +109,37 @@ _TRANSIENT_STATES = {
     "53300": "too many connections",
     "40001": "a serialization failure",
     "40P01": "a deadlock",
+    "57014": "a statement ran past its timeout",
+}
+# psycopg's errors of a connection that answers nothing, which carry no SQLSTATE: by
+# name, so that the store's classification needs no driver import.
+_SILENT = {
+    "ConnectionTimeout": "the connection timed out",
+    "CancellationTimeout": "the connection timed out",
 }
 
 
 def unavailable(exc: BaseException, address: str) -> StoreUnavailable | None:
-    """`exc` as a StoreUnavailable when trying again later may succeed, else None."""
+    """`exc` as a StoreUnavailable when trying again later may succeed, else None.
+
+    Every connection-class error is one, by its class: a refused or lost connection, one
+    that timed out connecting or went silent (psycopg's ConnectionTimeout and its
+    siblings, SQLAlchemy's DisconnectionError), a statement cancelled by its timeout."""
     if isinstance(exc, PoolTimeout):
         return StoreUnavailable(address, "no connection free in the pool")
+    if isinstance(exc, DisconnectionError):
+        return StoreUnavailable(address, "the connection was lost")
     if not isinstance(exc, DBAPIError):
         return None
+    return _driver_unavailable(exc, address)
+
+
+def _driver_unavailable(exc: DBAPIError, address: str) -> StoreUnavailable | None:
+    """The driver's error (`exc.orig`) as a StoreUnavailable, by its class and SQLSTATE."""
     orig = exc.orig
+    silent = _SILENT.get(type(orig).__name__)
+    if silent is not None:
+        return StoreUnavailable(address, silent)
     if isinstance(orig, sqlite3.OperationalError):
         text = str(orig)
         if "locked" in text or "busy" in text:
@@ -108,7 +153,7 @@ def unavailable(exc: BaseException, address: str) -> StoreUnavailable | None:
         return None if reason is None else StoreUnavailable(address, reason)
     if exc.connection_invalidated:
         return StoreUnavailable(address, "the connection was lost")
-    if type(orig).__name__ == "OperationalError":
+    if any(kind.__name__ == "OperationalError" for kind in type(orig).__mro__):
         # The driver's own failure to reach the server: no SQLSTATE, no server reply.
         refused = "refused" in str(orig).lower()
         return StoreUnavailable(address, "connection refused" if refused else "no connection")
@@ -230,7 +275,12 @@ class Database:
             # hide_parameters: an error's text (logged, or stored) never carries the
             # transcript or an answer it was writing.
             self.engine = create_engine(
-                self.url, pool_pre_ping=True, pool_size=24, max_overflow=16, hide_parameters=True
+                self.url,
+                connect_args=_bounded_waits(),
+                pool_pre_ping=True,
+                pool_size=24,
+                max_overflow=16,
+                hide_parameters=True,
             )
         self._writer = self.engine.execution_options(**{_WRITE: True})
         # SQLite's reads already share one snapshot per transaction (WAL); PostgreSQL's
@@ -293,7 +343,7 @@ class Database:
         `busy`: in an impatient call's first write, where it is StoreBusy (nothing done)."""
         try:
             yield
-        except (DBAPIError, PoolTimeout) as exc:
+        except (DBAPIError, PoolTimeout, DisconnectionError) as exc:
             error = unavailable(exc, self.address)
             if error is None:
                 _raise_unkeepable(exc)

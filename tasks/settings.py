@@ -137,6 +137,12 @@ class RecoverySettings:
     """A sent message's effect overdue by this much, once it left its queue: sent again."""
     outbox_grace: timedelta = option("outbox_grace", default=timedelta(seconds=5))
     """A committed message never marked sent, this long after: sent again."""
+    broker_timeout: timedelta = option("broker_timeout", default=timedelta(seconds=10))
+    """A broker command's wait for its answer, and a new connection's: past it, the broker
+    counts as away (sends are left for the sweeper, a consumer reconnects)."""
+    broker_health_check: timedelta = option("broker_health_check", default=timedelta(seconds=10))
+    """Between checks of the broker's long-lived connections (the consumer's, pub/sub's): one
+    silent (no RST, no FIN) is dropped and made again within about twice this."""
     visibility_timeout: timedelta = option("visibility_timeout", default=timedelta(seconds=3600))
     """Redis redelivers a message not acknowledged within it. Recovery does not wait
     for it (the sweeper acts within seconds); every time limit and retry countdown
@@ -355,6 +361,11 @@ class Settings:
             "broker_transport_options": {
                 "visibility_timeout": self.recovery.visibility_timeout.total_seconds(),
                 "global_keyprefix": self.key_prefix,
+                # Bounded waits: a broker gone silent is found, never waited on for good.
+                "socket_timeout": self.recovery.broker_timeout.total_seconds(),
+                "socket_connect_timeout": self.recovery.broker_timeout.total_seconds(),
+                "socket_keepalive": True,
+                "health_check_interval": int(self.recovery.broker_health_check.total_seconds()),
             },
             # Each queue on its own exchange and key: a message reaches one queue only.
             "task_queues": tuple(queue_named(q) for q in QUEUES),

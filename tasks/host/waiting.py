@@ -66,6 +66,10 @@ class RunWaiter:
         self.recheck = recheck
         self.channel = channel_of(settings)
         self._url = redis_url(settings)
+        self._broker_timeout = settings.recovery.broker_timeout.total_seconds()
+        self._health_check = settings.recovery.broker_health_check.total_seconds()
+        self._silent = False
+        self._pause = 0.05
         self.subscription: int | None = None
         """The subscription announcements are heard on now (a number each time one
         starts); None while there is none."""
@@ -191,39 +195,66 @@ class RunWaiter:
 
     # -- the subscriber -----------------------------------------------------------------------
 
+    async def _hear(self, pubsub: Any) -> None:
+        """Take announcements until the connection fails. A quiet connection is asked for a
+        PING each health check; one that answers nothing for two is silent (no RST, no FIN:
+        a failover, a dropped route), and is given up for a new one."""
+        check = self._health_check
+        heard = self.loop.time()
+        while True:
+            message = await pubsub.get_message(timeout=check)
+            _stop_if_cancelled()
+            now = self.loop.time()
+            if message is not None:
+                heard = now
+                self._take(message)
+            elif now - heard > 2 * check:
+                if not self._silent:
+                    self._silent = True
+                    log.warning("run announcements: the broker went silent; connecting again")
+                raise _Silent
+            elif now - heard >= check:
+                await pubsub.ping()
+
+    def _take(self, message: dict[str, Any]) -> None:
+        if message["type"] == "message":
+            self.wake(decode(message["data"]))
+        elif message["type"] == "subscribe":
+            # Whatever was announced before now went unheard.
+            self._pause = 0.05
+            self._subscriptions += 1
+            self.subscription = self._subscriptions
+            if self._silent:
+                self._silent = False
+                log.info("run announcements: the broker answers again")
+            self.wake_all()
+
     async def _listen_forever(self, url: str) -> None:
-        pause = 0.05
+        self._pause = 0.05
         while True:
             client = redis.asyncio.Redis.from_url(
                 url,
                 client_name=connection_name("waiter"),
-                socket_connect_timeout=5,
+                socket_connect_timeout=self._broker_timeout,
+                socket_timeout=self._broker_timeout,
                 retry=Retry(NoBackoff(), 0),
             )
             pubsub = client.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
-                while True:
-                    message = await pubsub.get_message(timeout=None)
-                    _stop_if_cancelled()
-                    if message is None:
-                        continue
-                    if message["type"] == "message":
-                        self.wake(decode(message["data"]))
-                    elif message["type"] == "subscribe":
-                        # Whatever was announced before now went unheard.
-                        pause = 0.05
-                        self._subscriptions += 1
-                        self.subscription = self._subscriptions
-                        self.wake_all()
+                await self._hear(pubsub)
             except Exception as exc:  # the broker went away: subscribe again, read everything
                 _stop_if_cancelled()
                 log.debug("lost the run announcements (%s); subscribing again", type(exc).__name__)
             finally:
                 self.subscription = None
                 await close_redis(client, pubsub)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, MAX_PAUSE)
+            await asyncio.sleep(self._pause)
+            self._pause = min(self._pause * 2, MAX_PAUSE)
+
+
+class _Silent(Exception):
+    """The broker answered nothing, not even a PING, for two health checks."""
 
 
 _HELD: set[asyncio.Task[None]] = set()
