@@ -55,15 +55,15 @@ class Settling:
         return self._waiter
 
     def listening(self) -> int | None:
-        """The subscription this client hears announcements on now, if any: a run that
-        settles after a change made from here on is announced to it."""
-        return self.waiter_here().subscription if self.pushed else None
+        """Where this client's hearing of announcements stands now (`RunWaiter.mark`), if
+        it hears them: a run that settles after a change made from here on is heard."""
+        return self.waiter_here().mark() if self.pushed else None
 
     async def until_settled(
         self, run_id: str, timeout: float | None, since: int | None = None
     ) -> None:
-        """Return once the run is settled. `since`: the subscription this client heard
-        announcements on before the run last changed here (`listening`)."""
+        """Return once the run is settled. `since`: where this client's hearing stood
+        before the run last changed here (`listening`)."""
         if self.pushed:
             await self.waiter_here().wait(run_id, timeout, heard_since=since)
             return

@@ -12,7 +12,9 @@ One `RunWaiter` per client and event loop serves every run waited on there:
   worker could not send, never strands a waiter.
 
 A run settled before its waiter arrived is found by the first read, which
-every new wait asks for. A wait that times out reads its run once more first:
+every new wait asks for, unless the host was listening since before it last
+changed the run and has not heard it announced since (the waiter remembers the
+10,000 runs announced last). A wait that times out reads its run once more first:
 it raises `WaitTimeout` only for a run still unsettled then.
 """
 
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 Io = Callable[..., Awaitable[Any]]
 MAX_PAUSE = 2.0
 """Seconds between tries to subscribe again, at most."""
+HEARD_KEPT = 10_000
+"""Run ids a waiter remembers hearing announced, for waits that begin after their
+announcement (the newest; a wait that began before all of them reads its run)."""
 
 
 class WaitTimeout(RelayqError, TimeoutError):
@@ -74,6 +79,13 @@ class RunWaiter:
         """The subscription announcements are heard on now (a number each time one
         starts); None while there is none."""
         self._subscriptions = 0
+        self._heard = 0
+        """What this waiter has heard so far: one more for each message (`mark`)."""
+        self._subscribed_at = 0
+        self._recent: dict[str, int] = {}
+        """Run ids announced lately, oldest first, by the mark of their last announcement."""
+        self._forgotten = 0
+        """The newest mark no longer in `_recent`."""
         self._waiting: dict[str, list[asyncio.Future[None]]] = {}
         self._woken: set[str] = set()
         self._everything = False
@@ -83,19 +95,26 @@ class RunWaiter:
             self._tasks.append(_held(self.loop.create_task(self._listen_forever(self._url))))
         self._timer = self.loop.call_later(recheck, self._tick)
 
+    def mark(self) -> int | None:
+        """Where this waiter's hearing stands now; None while it hears nothing. Taken
+        before a change to a run (a start, an answer), it lets a wait on the run skip
+        its first read (`wait`)."""
+        return None if self.subscription is None else self._heard
+
     async def wait(
         self, run_id: str, timeout: float | None, *, heard_since: int | None = None
     ) -> None:
         """Return once `run_id` is settled; WaitTimeout after `timeout` seconds,
         UnknownRun for a run the store does not hold.
 
-        `heard_since`: the subscription that was listening before the caller's last
-        change to the run (a start, an answer) committed. Still listening, it hears
-        whatever settles the run after that change: no first read is needed.
+        `heard_since`: the `mark` taken before the caller's last change to the run
+        committed. Whatever settled the run since was announced, and heard: unless the
+        subscription changed or the run was announced since (before this wait began),
+        no first read is needed.
         """
         future: asyncio.Future[None] = self.loop.create_future()
         self._waiting.setdefault(run_id, []).append(future)
-        if heard_since is None or heard_since != self.subscription:
+        if not self._unheard_since(run_id, heard_since):
             self.wake([run_id])
         try:
             async with asyncio.timeout(timeout):
@@ -107,6 +126,16 @@ class RunWaiter:
                 raise WaitTimeout(run_id, status, timeout or 0.0) from None
         finally:
             self._forget(run_id, future)
+
+    def _unheard_since(self, run_id: str, mark: int | None) -> bool:
+        """Whether `run_id` is sure to have gone unannounced since `mark`."""
+        return (
+            mark is not None
+            and self.subscription is not None
+            and self._subscribed_at <= mark
+            and self._forgotten <= mark
+            and self._recent.get(run_id, 0) <= mark
+        )
 
     def wake(self, run_ids: Iterable[str]) -> None:
         """Read these runs' status at the next check (those waited on: an announcement
@@ -218,16 +247,31 @@ class RunWaiter:
 
     def _take(self, message: dict[str, Any]) -> None:
         if message["type"] == "message":
-            self.wake(decode(message["data"]))
+            run_ids = decode(message["data"])
+            self._heard += 1
+            self._remember(run_ids)
+            self.wake(run_ids)
         elif message["type"] == "subscribe":
             # Whatever was announced before now went unheard.
             self._pause = 0.05
+            self._heard += 1
+            self._subscribed_at = self._heard
             self._subscriptions += 1
             self.subscription = self._subscriptions
             if self._silent:
                 self._silent = False
                 log.info("run announcements: the broker answers again")
             self.wake_all()
+
+    def _remember(self, run_ids: list[str]) -> None:
+        """Keep the newest announcements: a run announced between a change made by the
+        host and the start of its wait would otherwise be missed by that wait."""
+        for run_id in run_ids:
+            self._recent.pop(run_id, None)
+            self._recent[run_id] = self._heard
+        while len(self._recent) > HEARD_KEPT:
+            oldest = next(iter(self._recent))
+            self._forgotten = self._recent.pop(oldest)
 
     async def _listen_forever(self, url: str) -> None:
         self._pause = 0.05

@@ -274,6 +274,35 @@ async def test_announcements_on_another_prefixs_channel_wake_no_one(
     waiting_quiet.cancel()
 
 
+async def test_a_run_announced_before_its_wait_begins_is_read_at_once(
+    host: Host, eventually: Eventually
+):
+    # Given a subscribed client waiting on a marker run, that starts another run, having
+    # noted where its hearing stood
+    client = host.client()
+    (marker,) = await client.start_many("two-step", ["marker"])
+    await _subscribed(client, eventually)
+    waiting_marker = await _waiting_read(client, eventually, marker)
+    since = client._waits.listening()
+    (run_id,) = await client.start_many("two-step", ["quick"])
+
+    # When the run settles and its announcement is heard before the client waits on it
+    # (the marker's, sent after it, woke the marker's waiter)
+    host.cancel_quietly(run_id, marker)
+    host.announce(run_id)
+    host.announce(marker)
+    await _woken(waiting_marker, "the marker's announcement")
+
+    # Then the wait reads the run at once, as the announcement it missed asked
+    with statements(client.db) as seen:
+        waiting = asyncio.create_task(client._waits.until_settled(run_id, None, since))
+        try:
+            await asyncio.wait_for(waiting, 30)
+        except TimeoutError:
+            pytest.fail("a wait begun after its run's announcement was never woken")
+    assert _status_reads(seen) == 1
+
+
 async def test_a_run_settled_unannounced_is_found_by_the_fallback_poll(
     host: Host, eventually: Eventually
 ):
