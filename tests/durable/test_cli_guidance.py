@@ -32,6 +32,7 @@ from tasks.broker.publish import publish
 from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
+from tests.waiting import until
 
 from .conftest import ROOT, Broker, Durable, Worker, serving, unique_name
 
@@ -182,8 +183,15 @@ def test_warn_if_no_worker_says_whether_one_consumes_the_agents_queue(
     import tests.durable.queue_agents  # noqa: F401  (registers `vip`, as known_agent would)
 
     settings = Settings.from_env(served.env)
-    assert warn_if_no_worker("recall", settings) is True
-    assert capsys.readouterr().err == ""
+
+    def served_quietly() -> bool:
+        served = warn_if_no_worker("recall", settings)
+        said = capsys.readouterr().err
+        assert not served or said == "", said
+        return served
+
+    # A worker busy on a loaded machine may miss the one-second ask: asked again, it answers.
+    until(served_quietly, what="the worker to answer, with no warning")
 
     assert warn_if_no_worker("vip", settings) is False
     assert capsys.readouterr().err == (
