@@ -27,12 +27,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func
 from sqlmodel import col, select
 
 from store import RunRow
 from tasks import DurableClient, Settings
+
+if TYPE_CHECKING:
+    from bench.model_server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("RELAYQ_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -62,6 +66,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every worker's process group, then wait for each (a warm shutdown)."""
+    for worker in workers:
+        os.killpg(worker.pid, signal.SIGTERM)
+    for worker in workers:
+        worker.wait(timeout=60)
+
+
+def model_env(home: Path, server: ServerProcess, name: str) -> dict[str, str]:
+    """A worker's environment for the benchmark's agent on the local model server, its
+    store and key prefix its own (`home`); the broker is the settings' default."""
+    return {
+        **os.environ,
+        "RELAYQ_HOME": str(home),
+        "RELAYQ_KEY_PREFIX": f"relayq-bench-{name}-{home.name}-{os.getpid()}:",
+        "RELAYQ_AGENTS": "bench.agents",
+        "RELAYQ_BENCH_MODEL_URL": server.url,
+        "RELAYQ_BENCH_KEY": "bench-key",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
 
 
 def redis_url() -> str:
@@ -184,10 +210,7 @@ async def measure(
         cpu = sum(tree_cpu(w.pid) for w in workers) - cpu
     finally:
         sampler.stop.set()
-        for worker in workers:
-            os.killpg(worker.pid, signal.SIGTERM)
-        for worker in workers:
-            worker.wait(timeout=60)
+        stop_workers(workers)
         client.close()
     store = "postgresql" if "postgresql" in env["RELAYQ_DATABASE_URL"] else "sqlite"
     return Outcome(

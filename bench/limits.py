@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from bench.inflight import (
     mode_folders,
     redis_url,
     start_worker,
+    stop_workers,
     wait_all,
     wait_ready,
 )
@@ -102,10 +102,7 @@ async def measure(args: argparse.Namespace, home: Path, limiter: bool) -> Outcom
         seconds = time.perf_counter() - started
         found = server.stats()
     finally:
-        for worker in workers:
-            os.killpg(worker.pid, signal.SIGTERM)
-        for worker in workers:
-            worker.wait(timeout=60)
+        stop_workers(workers)
         client.close()
         server.kill()
     first, last = found["first"], found["last"]

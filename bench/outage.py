@@ -2,6 +2,8 @@
 
     python -m bench.outage                  # 40 runs of 5 turns, the provider down 90 s
     python -m bench.outage --runs 200 --down 120
+    python -m bench.outage --hang store     # the store silent 20 s instead (`bench.hang`)
+    python -m bench.outage --hang broker
 
 Two worker processes (asyncio pool, SQLite store, Redis broker) run the
 benchmark's agent against a local model server (`bench.model_server`, in a
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,17 +34,22 @@ from pathlib import Path
 
 from sqlmodel import col, select
 
+from bench.hang import measure_hang, print_hang_table
 from bench.inflight import (
     free_port,
     mode_folders,
+    model_env,
     redis_url,
     start_worker,
+    stop_workers,
     wait_all,
     wait_ready,
 )
 from bench.model_server import ServerProcess
 from store import RunRow
 from tasks import DurableClient, Settings
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @dataclass
@@ -77,19 +83,12 @@ async def measure(args: argparse.Namespace, home: Path, circuit: bool) -> Outcom
     server = ServerProcess(
         free_port(), "--latency", str(args.latency), "--turns", str(args.turns)
     ).start()
-    env = {
-        **os.environ,
-        "RELAYQ_HOME": str(home),
+    env = model_env(home, server, "outage") | {
         "RELAYQ_DATABASE_URL": f"sqlite:///{home / 'relayq.db'}",
-        "RELAYQ_KEY_PREFIX": f"relayq-bench-outage-{home.name}-{os.getpid()}:",
-        "RELAYQ_AGENTS": "bench.agents",
-        "RELAYQ_BENCH_MODEL_URL": server.url,
-        "RELAYQ_BENCH_KEY": "bench-key",
         "RELAYQ_PROVIDER_CIRCUIT": "1" if circuit else "0",
         "RELAYQ_PROVIDER_PROBE_EVERY": str(args.probe_every),
         "RELAYQ_MODEL_RETRIES": str(args.retries),
         "RELAYQ_RETRY_BASE": str(args.retry_base),
-        "NO_PROXY": "127.0.0.1,localhost",
     }
     broker = redis_url()
     if broker:
@@ -113,10 +112,7 @@ async def measure(args: argparse.Namespace, home: Path, circuit: bool) -> Outcom
         answered = int(server.stats()["answered"] or 0)
         runs = await asyncio.to_thread(_ended, client, ids)
     finally:
-        for worker in workers:
-            os.killpg(worker.pid, signal.SIGTERM)
-        for worker in workers:
-            worker.wait(timeout=60)
+        stop_workers(workers)
         client.close()
         server.kill()
     after = sorted(_seconds_after(r.updated_at, back) for r in runs if r.status == "done")
@@ -167,17 +163,29 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--runs", type=int, default=40, help="runs started at once")
     add("--turns", type=int, default=5, help="model calls per run")
     add("--latency", type=float, default=0.5, help="seconds the model takes per call")
-    add("--down", type=float, default=90.0, help="seconds the provider is down")
+    add("--down", type=float, help="seconds the part is away (90 for the provider, 20 hung)")
+    add("--hang", choices=("store", "broker"), help="silence this part instead (bench.hang)")
+    add("--postgres", default=os.environ.get("RELAYQ_TEST_POSTGRES", PG_ADMIN),
+        help="--hang store: the server to make a database of the benchmark's own on")  # fmt: skip
+    add("--give-up", type=float, default=300.0, help="--hang: seconds to wait for every run")
     add("--workers", type=int, default=2, help="worker processes")
     add("--retries", type=int, default=5, help="RELAYQ_MODEL_RETRIES")
     add("--retry-base", type=float, default=1.0, help="RELAYQ_RETRY_BASE")
     add("--probe-every", type=float, default=5.0, help="RELAYQ_PROVIDER_PROBE_EVERY")
     add("--modes", default="on,off", help="circuit on, off, or both (on,off)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.down is None:
+        args.down = 20.0 if args.hang else 90.0
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    if args.hang:
+        folders = mode_folders("defaults,tighter", "rq-bench-hang-")
+        hung = [asyncio.run(measure_hang(args, folder, mode)) for mode, folder in folders]
+        print_hang_table(hung, args)
+        return
     results = [
         asyncio.run(measure(args, folder, circuit=mode == "on"))
         for mode, folder in mode_folders(args.modes, "rq-bench-outage-")

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from sqlmodel import Session, create_engine
 
 from relayq import UnstorableInput
 from store.errors import StoreBusy, StoreUnavailable
+from store.stalls import UNBOUNDED, StallWatch
 
 __all__ = [
     "Database",
@@ -47,6 +49,7 @@ _IMPATIENT = "relayq_impatient"
 BUSY_TIMEOUT_ENV = "RELAYQ_SQLITE_BUSY_TIMEOUT"
 CONNECT_TIMEOUT_ENV = "RELAYQ_STORE_CONNECT_TIMEOUT"
 SILENT_AFTER_ENV = "RELAYQ_STORE_SILENT_AFTER"
+STATEMENT_TIMEOUT_ENV = "RELAYQ_STORE_STATEMENT_TIMEOUT"
 
 _impatient: ContextVar[bool] = ContextVar("relayq_impatient", default=False)
 
@@ -82,22 +85,53 @@ def _busy_timeout() -> float:
     return _seconds(BUSY_TIMEOUT_ENV, 30)
 
 
-def _bounded_waits() -> dict[str, Any]:
-    """libpq's bounds on a connection's waits: connecting (the server's whole answer to a
-    new connection, TLS and authentication included), and a peer gone silent on an open
-    one, which TCP keepalives and tcp_user_timeout find (no RST, no FIN: a failover, a
-    dropped route); without them a worker waits on such a connection for good."""
-    connect = _seconds(CONNECT_TIMEOUT_ENV, 10, minimum=2)
-    silent = _seconds(SILENT_AFTER_ENV, 20, minimum=4)
-    probe = max(1, int(silent / 4))
-    return {
-        "connect_timeout": max(2, round(connect)),  # libpq takes whole seconds, at least 2
-        "keepalives": 1,
-        "keepalives_idle": probe,
-        "keepalives_interval": probe,
-        "keepalives_count": 3,
-        "tcp_user_timeout": int(silent * 1000),
-    }
+@dataclass(frozen=True)
+class Bounds:
+    """How long a PostgreSQL connection may keep relayq waiting (docs/configuration.md)."""
+
+    connect: float
+    """A new connection's answer, TLS and authentication included."""
+    statement: float
+    """One statement on the server (`statement_timeout`)."""
+    silent: float
+    """An open connection that answers nothing: TCP keepalives and tcp_user_timeout, and
+    a round trip waiting this long is cut (`store.stalls`)."""
+
+    @classmethod
+    def from_env(cls) -> Bounds:
+        bounds = cls(
+            connect=_seconds(CONNECT_TIMEOUT_ENV, 10, minimum=2),
+            statement=_seconds(STATEMENT_TIMEOUT_ENV, 15, minimum=1),
+            silent=_seconds(SILENT_AFTER_ENV, 20, minimum=4),
+        )
+        if bounds.silent <= bounds.statement:
+            raise ValueError(
+                f"{SILENT_AFTER_ENV} ({bounds.silent:g} s) must be longer than "
+                f"{STATEMENT_TIMEOUT_ENV} ({bounds.statement:g} s): a statement the server "
+                "is still running would be taken for a silent connection"
+            )
+        return bounds
+
+    def connect_args(self, options: str | None = None) -> dict[str, Any]:
+        """libpq's parameters: connecting, a peer gone silent on an open connection (which
+        TCP keepalives and tcp_user_timeout find, where nothing acknowledges its packets),
+        and the server's bound on each statement; after `options` the URL gave."""
+        probe = max(1, int(self.silent / 4))
+        # A transaction left idle past the silence bound is one whose client went silent:
+        # the server ends it, or the row locks it holds would stop every later try for good.
+        timeout = (
+            f"-c statement_timeout={int(self.statement * 1000)}"
+            f" -c idle_in_transaction_session_timeout={int(self.silent * 1000)}"
+        )
+        return {
+            "connect_timeout": max(2, round(self.connect)),  # libpq: whole seconds, at least 2
+            "keepalives": 1,
+            "keepalives_idle": probe,
+            "keepalives_interval": probe,
+            "keepalives_count": 3,
+            "tcp_user_timeout": int(self.silent * 1000),
+            "options": f"{options} {timeout}" if options else timeout,
+        }
 
 
 # SQLSTATEs a later try may not meet: connection exceptions (08), the server shutting
@@ -255,6 +289,13 @@ def _sqlite_engine(url: str, busy_timeout: float) -> Engine:
     return engine
 
 
+def _lift_timeouts(conn: Connection) -> None:
+    if conn.get_execution_options().get(UNBOUNDED):
+        conn.exec_driver_sql(
+            "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
+        )
+
+
 class Database:
     """An engine and its two kinds of session: `write()` transactions and `read()`s."""
 
@@ -263,6 +304,8 @@ class Database:
         self.address = make_url(self.url).render_as_string(hide_password=True)
         """The store's URL without its password: what errors and logs name."""
         self._impatient_writer: Engine | None = None
+        self.stalls: StallWatch | None = None
+        """PostgreSQL's round trips in flight, and their cutting when silent."""
         if self.url.startswith("sqlite"):
             self.engine = _sqlite_engine(self.url, _busy_timeout())
             # Writers that take SQLite's lock only if it is free now (`impatient`).
@@ -274,15 +317,22 @@ class Database:
             # connection opened beyond the pool is closed again after one use.
             # hide_parameters: an error's text (logged, or stored) never carries the
             # transcript or an answer it was writing.
+            bounds = Bounds.from_env()
+            options = make_url(self.url).query.get("options")
             self.engine = create_engine(
                 self.url,
-                connect_args=_bounded_waits(),
-                pool_pre_ping=True,
+                connect_args=bounds.connect_args(options if isinstance(options, str) else None),
                 pool_size=24,
                 max_overflow=16,
                 hide_parameters=True,
             )
+            # The pool's pre-ping is the watch's, as a round trip it can cut.
+            self.stalls = StallWatch(self.engine, bound=bounds.silent)
+            event.listen(self.engine, "begin", _lift_timeouts)
         self._writer = self.engine.execution_options(**{_WRITE: True})
+        self.unbounded = self._writer.execution_options(**{UNBOUNDED: True})
+        """The writer, for statements that may take long by design (a migration, its lock):
+        no statement timeout, and never taken for a silent connection's."""
         # SQLite's reads already share one snapshot per transaction (WAL); PostgreSQL's
         # READ COMMITTED takes one per statement.
         self._snapshot = (
@@ -363,6 +413,8 @@ class Database:
         return self._writer
 
     def dispose(self) -> None:
+        if self.stalls is not None:
+            self.stalls.close()
         self.engine.dispose()
 
     def __repr__(self) -> str:

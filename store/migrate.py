@@ -43,7 +43,8 @@ def alembic_config(db: Database) -> Config:
     config.set_main_option("script_location", str(_HERE / "migrations"))
     # The writer: on SQLite the migration's one transaction reads the schema, then changes
     # it; begun deferred, it would fail at its first change while another process writes.
-    config.attributes["engine"] = db.writer
+    # Unbounded: a migration of a large store may take long by design.
+    config.attributes["engine"] = db.unbounded
     return config
 
 
@@ -61,7 +62,7 @@ def _migration_lock(db: Database) -> Iterator[None]:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
-    with db.engine.connect() as conn:
+    with db.unbounded.connect() as conn:  # waits for another process's migration
         conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _LOCK_KEY})
         try:
             yield

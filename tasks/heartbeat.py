@@ -10,6 +10,11 @@ SQLite's file locked by a long transaction), no other process could write its
 beat either: until this one has beaten steadily for a whole worker timeout,
 a stale heartbeat is no sign of death (`steady`), and the sweeper adopts no
 claim on its strength. A process gone from this very host is dead all the same.
+
+A process holding a store call that did not come back once its silent connection
+was cut (`store.stalls`) beats no more until the call ends: it could not give
+that turn back, and must not look alive while doing nothing, so the sweepers of
+other workers take its claims.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class Heartbeat:
         self._late_at = -math.inf
         """When a beat last failed or took longer than `every` (monotonic)."""
         self._failing = False
+        self._wedged = False
 
     def start(self) -> None:
         """Write the first beat now (so no claim of this process is seen without one;
@@ -76,6 +82,9 @@ class Heartbeat:
             self._beat()
 
     def _beat(self, *, first: bool = False) -> None:
+        if not first and self._held_by_a_lost_call():
+            self._late_at = time.monotonic()
+            return
         started = time.monotonic()
         self._beating_since = started
         try:
@@ -96,3 +105,16 @@ class Heartbeat:
         if self._failing:
             log.warning("the heartbeat is written again")
             self._failing = False
+
+    def _held_by_a_lost_call(self) -> bool:
+        wedged = self.db.stalls is not None and self.db.stalls.wedged()
+        if wedged != self._wedged:
+            self._wedged = wedged
+            if wedged:
+                log.error(
+                    "a store call did not come back once its silent connection was cut: "
+                    "beating no more, so that other workers take this one's turns"
+                )
+            else:
+                log.warning("the store call came back: beating again")
+        return wedged

@@ -52,7 +52,7 @@ from tasks.broker.peek import QueuePeek
 from tasks.broker.publish import sender_app
 from tasks.heartbeat import Heartbeat
 from tasks.hooks import Hooks, RunHooks, hooks_named
-from tasks.observability.metrics import Metrics
+from tasks.observability.metrics import Metrics, observe_store_calls
 from tasks.observability.tracing import Tracing
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
@@ -211,6 +211,7 @@ class Runtime:
         )
         """What watches the runs' work (`tasks.hooks`): relayq's metrics and traces, the
         caller's `hooks`, then those `RELAYQ_HOOKS` names."""
+        observe_store_calls(self.db)
 
     def _make_dispatch(self) -> Dispatch:
         return BrokerDispatch(lambda: self.sender, self.db, self.io)

@@ -7,9 +7,11 @@ outage (longer than the shrunken retries) fails runs, and that the table compare
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from bench import outage
+from tests.conftest import Parts
 
 pytestmark = pytest.mark.timeout(300)
 START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
@@ -26,3 +28,32 @@ def test_the_benchmark_kills_the_provider_under_runs_with_and_without_the_circui
     assert (off[0], off[1]) == ("off", "4")
     assert int(off[3]) > 0, "without the circuit the outage outlasts the retries"
     assert "circuit off, failed with: gave up after 3 tries" in out
+
+
+@pytest.mark.postgres
+def test_the_benchmark_silences_the_store_under_runs_with_the_default_bounds_and_tighter(
+    capsys: pytest.CaptureFixture[str], machine_parts: Parts
+):
+    try:
+        psycopg.connect(outage.parse([]).postgres, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        machine_parts.missing("postgres", "no PostgreSQL to make the benchmark's database on")
+
+    outage.main(["--hang", "store", "--runs", "4", "--turns", "3", "--latency", "0.05",
+                 "--down", "2", "--workers", "1", "--give-up", "90"])  # fmt: skip
+
+    out = capsys.readouterr().out
+    rows = {
+        cells[0]: cells
+        for cells in (
+            [cell.strip() for cell in line.strip("|").split("|")]
+            for line in out.splitlines()
+            if line.startswith(("| defaults", "| tighter"))
+        )
+    }
+    assert set(rows) == {"defaults", "tighter"}
+    for cells in rows.values():
+        runs, done, failed = cells[1:4]
+        assert (runs, done, failed) == ("14", "14", "0"), cells
+        assert "never" not in cells, "every run moved again after the heal"
+    assert "RELAYQ_STORE_SILENT_AFTER=6" in out

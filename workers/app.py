@@ -38,6 +38,7 @@ from celery.worker import consumer, control
 from relayq.agents import load_agents, registered_agents
 from tasks.settings import Settings, queue_named
 from workers.batch_queues import BatchQueues
+from workers.broker_heard import BrokerHeard
 from workers.config import celery_config
 from workers.embedded import ensure_embedded_redis
 from workers.events import events_from_start
@@ -55,6 +56,7 @@ settings = Settings.load(conf=app.conf)
 app.conf.update(celery_config(settings))
 install_metrics(app)  # served when RELAYQ_WORKER_METRICS_PORT is set (`workers.metrics`)
 app.steps["consumer"].add(BatchQueues)
+app.steps["consumer"].add(BrokerHeard)
 
 _started = threading.Event()
 _stop_requested = threading.Event()

@@ -19,6 +19,8 @@ hold (runs, open requests, queue depths) is read when the API is scraped instead
 | `relayq_provider_rate_limited_total` | provider, model, status | 429 and 529 replies |
 | `relayq_provider_limit_wait_seconds` | provider, model | time waited for the provider's capacity |
 | `relayq_provider_circuit_changes_total` | provider, model, state | circuit changes seen here |
+| `relayq_store_call_wait_seconds` | store | the oldest store call in flight's wait (PostgreSQL) |
+| `relayq_broker_unheard_seconds` | broker | since the worker's consumer last heard its broker |
 
 A provider is named by its endpoint's host (`api.openai.com`), as the provider
 limiter's labels (`host/model`) name it, never by its key, port or path; a model
@@ -36,11 +38,12 @@ hooks (`Metrics.after_model_call`): count only those the limiter keeps from it.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from relayq.circuit import CircuitChange, CircuitHooks
 from relayq.pricing import CostFunction, cost_of, provider_prices, set_cost_function
 from relayq.ratelimit import LimiterHooks, LimitWait
+from store import Database
 from tasks.broker.circuit import add_hooks as add_circuit_hooks
 from tasks.broker.limiter import add_hooks
 from tasks.hooks import ModelCalled, RunHooks, TurnEnded, provider_label, provider_of
@@ -52,6 +55,8 @@ __all__ = [
     "Metrics",
     "count_rate_limited",
     "observe_limit_wait",
+    "observe_broker_unheard",
+    "observe_store_calls",
     "provider_label",
     "provider_of",
     "set_cost_function",
@@ -130,6 +135,36 @@ class _CircuitChanges(CircuitHooks):
 
 
 add_circuit_hooks(_CircuitChanges())
+
+
+STORE_CALL_WAIT = Gauge(
+    "relayq_store_call_wait_seconds",
+    "Seconds the oldest store call in flight has waited for the store's answer (0 with none)",
+    ["store"],
+    multiprocess_mode="livemax",
+)
+
+
+def observe_store_calls(db: Database) -> None:
+    """Keep `relayq_store_call_wait_seconds` up to date, each second, from the store's watch
+    of its round trips (`store.stalls`; PostgreSQL only: SQLite's calls are local)."""
+    if db.stalls is not None:
+        setter = STORE_CALL_WAIT.labels(store=db.engine.dialect.name).set
+        if setter not in db.stalls.on_tick:
+            db.stalls.on_tick.append(setter)
+
+
+BROKER_UNHEARD = Gauge(
+    "relayq_broker_unheard_seconds",
+    "Seconds since the worker's consumer last heard its broker (a reply, or a connection)",
+    ["broker"],
+    multiprocess_mode="livemax",
+)
+
+
+def observe_broker_unheard(seconds: float, *, broker: str) -> None:
+    """Set by the worker's consumer each second (`workers.broker_heard`)."""
+    BROKER_UNHEARD.labels(broker=broker).set(seconds)
 
 
 def count_rate_limited(provider: str, *, model: str = "", status: int = 429) -> None:

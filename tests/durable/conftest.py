@@ -52,6 +52,7 @@ from store import Database
 from tasks import DurableClient, Settings
 from tests.forkserver import Proc, spawn
 from tests.lanes import redis_db
+from tests.postgres_server import PrivatePostgres, postgres_binaries
 from tests.waiting import until
 from workers.embedded import ensure_embedded_redis, stop_embedded_redis
 
@@ -436,3 +437,15 @@ def serve_api(durable: Durable, tokens: str = TOKENS) -> Iterator[ApiServer]:
 @pytest.fixture(scope="module")
 def api(durable: Durable) -> Iterator[ApiServer]:
     yield from serve_api(durable)
+
+
+@pytest.fixture
+def private_pg(machine_parts: Parts) -> Iterator[PrivatePostgres]:
+    """A PostgreSQL of the test's own, which it may crash, restart or cut off."""
+    if postgres_binaries() is None:
+        machine_parts.missing("postgres", "no initdb and pg_ctl to make a PostgreSQL of its own")
+    pg = PrivatePostgres().start()
+    try:
+        yield pg
+    finally:
+        pg.remove()

@@ -1,23 +1,31 @@
 """A part that goes silent (no RST, no FIN) wedges nothing (issue 37): the connection is
 found silent within its bound and made again, through a proxy of the test's own
-(`tests.hanging_proxy`) between relayq and a real server."""
+(`bench.hanging_proxy`) between relayq and a real server."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from bench.hanging_proxy import HangingProxy
 from tasks import DurableClient, Settings
+from tasks.broker.publish import sender_app
 from tests.brokers import PrivateRedis
-from tests.hanging_proxy import HangingProxy
+from tests.ports import free_port
+from tests.postgres_server import PrivatePostgres
 
-from .conftest import Eventually, Worker
+from .conftest import Broker, Eventually, Worker
+from .test_store_outage import _env, all_finished, check_runs, in_flight, outlive, tool_attempts
 
 
 @dataclass
@@ -70,44 +78,190 @@ async def test_a_hosts_announcements_come_back_after_the_broker_went_silent(
     ]
 
 
-@pytest.mark.timeout(150)
-async def test_a_worker_consumes_again_after_its_broker_went_silent(
-    hung: Hung, tmp_path: Path, eventually: Eventually, prompt: str
+def _unheard(port: int) -> float:
+    """The worker's `relayq_broker_unheard_seconds`, scraped."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "relayq_broker_unheard_seconds":
+                return float(sample.value)
+    return 0.0
+
+
+async def _through_a_silence(
+    proxy: HangingProxy,
+    worker: Worker,
+    client: DurableClient,
+    eventually: Eventually,
+    log: Path,
+    midway: Callable[[], object] = lambda: None,
+) -> object:
+    """With 40 runs in flight: the part silent for 20 s (ten runs started meanwhile, and
+    `midway` called 12 s in), then only new connections carried, the old ones silent for
+    good; ten runs started after. Every run must be done within 60 s of the heal, each
+    tool call run once (or again only as a counted attempt), by the same worker process.
+    Returns what `midway` did."""
+    run_ids = await client.start_many("outlast", [f"silent {i}" for i in range(40)])
+    await eventually(lambda: in_flight(client.db, run_ids) >= 20, what="runs in flight")
+    proxy.black_hole()
+    silent_at = time.monotonic()
+    during = await client.start_many("outlast", [f"during {i}" for i in range(10)])
+    await outlive([worker], silent_at, 12)
+    seen = midway()
+    await outlive([worker], silent_at, 20)
+    proxy.heal()
+    healed_at = time.monotonic()
+    after = await client.start_many("outlast", [f"after {i}" for i in range(10)])
+
+    every = run_ids + during + after
+    await eventually(lambda: all_finished(client.db, every), timeout=60, what="all done")
+    print(f"{len(every)} runs done {time.monotonic() - healed_at:.1f} s after the heal")
+    check_runs(client.db, log, every)
+    assert worker.proc is not None
+    assert worker.proc.poll() is None
+    return seen
+
+
+@pytest.mark.timeout(240)
+async def test_runs_in_flight_when_the_broker_goes_silent_finish_once_it_answers(
+    hung: Hung, tmp_path: Path, eventually: Eventually
 ):
-    # Given a worker whose broker connections all go through the proxy, with ten runs done
+    # Given a worker, with the default bounds, whose broker connections all go through the
+    # proxy, serving its metrics, and 40 runs in flight
+    port = free_port()
     env = {
         **os.environ,
         **hung.env,
-        "RELAYQ_AGENTS": "tests.durable.agents",
+        "RELAYQ_AGENTS": "tests.durable.store_outage_agents",
         "RELAYQ_TEST_LOG": str(tmp_path / "log"),
+        "RELAYQ_CONCURRENCY": "100",
+        "RELAYQ_WORKER_METRICS_PORT": str(port),
+        "RELAYQ_WORKER_METRICS_ADDR": "127.0.0.1",
     }
+    for bound in ("RELAYQ_BROKER_TIMEOUT", "RELAYQ_BROKER_HEALTH_CHECK"):
+        env.pop(bound)
     worker = Worker(env, tmp_path / "worker.log").start()
+    assert worker.proc is not None
     # The host reaches the broker directly: only the worker's connections go silent.
     direct = replace(hung.settings, broker_url=hung.broker.url, embedded_broker=False)
+    client = DurableClient(settings=direct)
     try:
-        async with DurableClient(settings=direct) as client:
-            before = [f"{prompt} before {i}" for i in range(10)]
-            for res in await asyncio.gather(
-                *(client.run("two-step", p, timeout=30) for p in before)
-            ):
-                assert res.status == "done"
+        # When the broker goes silent for 20 s under 40 runs in flight (see the helper)
+        # Then every run is done within 60 s of the heal, by the same worker process
+        unheard = await _through_a_silence(
+            hung.proxy, worker, client, eventually, tmp_path / "log", lambda: _unheard(port)
+        )
 
-            # When the broker goes silent for 8 s, with ten runs started meanwhile, and then
-            # only new connections are forwarded (the old ones stay silent for good)
-            hung.proxy.black_hole()
-            during = await client.start_many(
-                "two-step", [f"{prompt} during {i}" for i in range(10)]
-            )
-            await asyncio.sleep(8)
-            hung.proxy.heal()
-            after = await client.start_many("two-step", [f"{prompt} after {i}" for i in range(10)])
+        # And the consumer's silence was a metric, back near 0 once it heard the broker again
+        assert isinstance(unheard, float)
+        assert unheard >= 5
+        await eventually(lambda: _unheard(port) < 3, what="the broker heard again")
+    finally:
+        client.close()
+        worker.stop()
 
-            # Then every run, those started in the hole and after it, is done within 60 s
-            results = await asyncio.gather(
-                *(client.result(run_id, wait=True, timeout=60) for run_id in during + after)
-            )
-        assert [r.status for r in results] == ["done"] * 20
+
+@dataclass
+class BehindProxy:
+    proxy: HangingProxy
+    worker: Worker
+    client: DurableClient
+    """A host reaching the store directly: only the worker's connections go through."""
+
+
+@contextmanager
+def _worker_behind_proxy(
+    pg: PrivatePostgres, broker: Broker, tmp_path: Path
+) -> Iterator[BehindProxy]:
+    """A worker, with the default bounds, whose store connections all go through a proxy
+    to a PostgreSQL of the test's own."""
+    with HangingProxy(pg.port) as proxy:
+        env = _env(broker, tmp_path, pg.url.replace(f":{pg.port}/", f":{proxy.port}/"))
+        for bound in ("RELAYQ_STORE_STATEMENT_TIMEOUT", "RELAYQ_STORE_SILENT_AFTER"):
+            env.pop(bound, None)
+        worker = Worker(env, tmp_path / "worker.log").start()
+        client = DurableClient(settings=replace(Settings.from_env(env), database_url=pg.url))
+        try:
+            yield BehindProxy(proxy, worker, client)
+        finally:
+            client.close()
+            worker.stop()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(240)
+async def test_runs_in_flight_when_the_store_goes_silent_finish_once_it_answers(
+    private_pg: PrivatePostgres, broker: Broker, tmp_path: Path, eventually: Eventually
+):
+    # Given a worker whose store connections go through the proxy
+    with _worker_behind_proxy(private_pg, broker, tmp_path) as part:
+        # When the store goes silent for 20 s under 40 runs in flight (see the helper)
+        # Then every run is done within 60 s of the heal, by the same worker process
+        await _through_a_silence(part.proxy, part.worker, part.client, eventually, tmp_path / "log")
+        log = part.worker.logfile.read_text()
+        assert "the store went silent" in log, log[-3000:]
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(240)
+async def test_a_slow_store_slows_runs_down_and_fails_or_takes_over_none(
+    private_pg: PrivatePostgres, broker: Broker, tmp_path: Path, eventually: Eventually
+):
+    # Given a worker whose store connections go through the proxy, and 20 runs in flight
+    with _worker_behind_proxy(private_pg, broker, tmp_path) as part:
+        client, proxy, worker = part.client, part.proxy, part.worker
+        run_ids = await client.start_many("outlast", [f"slow {i}" for i in range(20)])
+        await eventually(lambda: in_flight(client.db, run_ids) >= 10, what="runs in flight")
+
+        # When every packet to and from the store is held 2 s, for 30 s
+        proxy.slow(2.0)
+        await outlive([worker], time.monotonic(), 30)
+        proxy.fast()
+
+        # Then every run is done, each tool call run once, on its first attempt (no turn
+        # was taken for a dead worker's), and no connection was taken for silent
+        await eventually(lambda: all_finished(client.db, run_ids), timeout=90, what="all done")
+        check_runs(client.db, tmp_path / "log", run_ids)
+        attempts = tool_attempts(tmp_path / "log")
+        assert {tuple(seen) for seen in attempts.values()} == {(1,)}
         assert worker.proc is not None
-        assert worker.proc.poll() is None  # never restarted
+        assert worker.proc.poll() is None
+        log = worker.logfile.read_text()
+        assert "went silent" not in log, log[-3000:]
+
+
+@pytest.mark.timeout(180)
+async def test_remote_control_and_events_come_back_after_the_pubsub_connection_went_silent(
+    hung: Hung, tmp_path: Path, eventually: Eventually
+):
+    # Given a worker, with the default bounds, whose broker connections go through the
+    # proxy, answering a remote-control ping from a host that reaches the broker directly
+    env = {**os.environ, **hung.env, "RELAYQ_AGENTS": "tests.durable.agents"}
+    for bound in ("RELAYQ_BROKER_TIMEOUT", "RELAYQ_BROKER_HEALTH_CHECK"):
+        env.pop(bound)
+    worker = Worker(env, tmp_path / "worker.log").start()
+    assert worker.proc is not None
+    direct = replace(hung.settings, broker_url=hung.broker.url, embedded_broker=False)
+    control = sender_app(direct).control
+
+    def answered() -> bool:
+        return bool(control.ping(timeout=0.5))
+
+    try:
+        await eventually(lambda: asyncio.to_thread(answered), what="the first ping answered")
+
+        # When its pub/sub connection alone goes silent for good (new ones are carried)
+        hung.proxy.black_hole(only=b"SUBSCRIBE")
+        assert not await asyncio.to_thread(answered)
+
+        # Then it subscribes again: pings are answered, and a broadcast turning task events
+        # on reaches it, within the default checks' bound
+        await eventually(lambda: asyncio.to_thread(answered), timeout=60, what="pings again")
+        await asyncio.to_thread(control.enable_events)
+        await eventually(
+            lambda: "Events of group {task} enabled by remote" in worker.logfile.read_text(),
+            what="the broadcast turning events on",
+        )
+        assert worker.proc.poll() is None
     finally:
         worker.stop()

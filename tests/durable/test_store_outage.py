@@ -18,15 +18,13 @@ import os
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from store import Database, StoreUnavailable, get_run
 from tasks import DurableClient, Settings
-from tests.conftest import Parts
-from tests.postgres_server import PrivatePostgres, postgres_binaries
+from tests.postgres_server import PrivatePostgres
 
 from .conftest import SUBMITTER, Broker, Eventually, Worker, serving
 from .store_outage_agents import CALLS
@@ -37,17 +35,6 @@ BOUND = 30.0
 """Seconds from the store's return to every run finished."""
 OUTAGE = 10.0
 """Seconds the store stays away."""
-
-
-@pytest.fixture
-def private_pg(machine_parts: Parts) -> Iterator[PrivatePostgres]:
-    if postgres_binaries() is None:
-        machine_parts.missing("postgres", "no initdb and pg_ctl to make a PostgreSQL of its own")
-    pg = PrivatePostgres().start()
-    try:
-        yield pg
-    finally:
-        pg.remove()
 
 
 def _env(broker: Broker, tmp_path: Path, database_url: str, **extra: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""A TCP proxy of a test's own that can make a part go silent: no RST, no FIN, no bytes.
+"""A TCP proxy of a test's (or a benchmark's) own that makes a part go silent: no RST, no FIN.
 
 It stands between relayq's processes and a real server (PostgreSQL, Redis) on a port of
 its own, and does to the connections what a failover, a dropped route or a NAT table's
@@ -8,6 +8,7 @@ turnover does:
         env["RELAYQ_DATABASE_URL"] = f"postgresql+psycopg://...@127.0.0.1:{proxy.port}/db"
         proxy.black_hole()   # open connections carry nothing more; new ones are accepted
                              # and ignored
+        proxy.black_hole(only=b"SUBSCRIBE")  # the open Redis pub/sub connections alone
         proxy.heal()         # new connections are forwarded again; those open during the
                              # hole stay silent for good, as a half-open connection does
         proxy.slow(2.0)      # every chunk held 2 s each way, on old and new connections
@@ -30,6 +31,8 @@ from tests.ports import free_port
 __all__ = ["HangingProxy"]
 
 _CHUNK = 65536
+_SAID = 65536
+"""Bytes of what each client sent that a connection keeps, to be picked by."""
 
 
 @dataclass
@@ -38,6 +41,8 @@ class _Pair:
 
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
     silent: bool = False
+    said: bytearray = field(default_factory=bytearray)
+    """The first bytes the client sent (`black_hole(only=...)` picks connections by them)."""
 
 
 class HangingProxy:
@@ -63,9 +68,11 @@ class HangingProxy:
 
     # -- what a test does ---------------------------------------------------------------------
 
-    def black_hole(self) -> None:
-        """Every open connection goes silent for good; new ones are accepted and ignored."""
-        self._loop.call_soon_threadsafe(self._hole)
+    def black_hole(self, *, only: bytes | None = None) -> None:
+        """Every open connection goes silent for good; new ones are accepted and ignored.
+        `only`: just the open connections whose client has sent these bytes (b"SUBSCRIBE":
+        a Redis pub/sub connection), new ones still carried."""
+        self._loop.call_soon_threadsafe(self._hole, only)
 
     def heal(self) -> None:
         """New connections are forwarded again (the silent ones stay silent)."""
@@ -101,10 +108,11 @@ class HangingProxy:
 
     # -- inside the proxy's loop --------------------------------------------------------------
 
-    def _hole(self) -> None:
-        self._holing = True
+    def _hole(self, only: bytes | None) -> None:
+        self._holing = only is None
         for pair in self._pairs:
-            pair.silent = True
+            if only is None or only in pair.said:
+                pair.silent = True
 
     async def _stop(self) -> None:
         if self._server is not None:
@@ -126,7 +134,8 @@ class HangingProxy:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
             pair.writers.append(up_writer)
             await asyncio.gather(
-                self._pipe(reader, up_writer, pair), self._pipe(up_reader, writer, pair)
+                self._pipe(reader, up_writer, pair, said=pair.said),
+                self._pipe(up_reader, writer, pair),
             )
         except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # the proxy closing ends every pair: asyncio's server takes no cancelled one
@@ -136,10 +145,16 @@ class HangingProxy:
                 w.close()
 
     async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pair: _Pair
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        pair: _Pair,
+        said: bytearray | None = None,
     ) -> None:
         while True:
             chunk = await reader.read(_CHUNK)
+            if said is not None and len(said) < _SAID:
+                said += chunk[: _SAID - len(said)]
             if pair.silent:
                 await asyncio.Event().wait()  # what it read goes nowhere, and nothing more
             if not chunk:
