@@ -105,9 +105,13 @@ def _redis_port(home: Path) -> Iterator[tuple[int, int]]:
         server.wait(10)
 
 
-async def _under_way(server: ServerProcess, runs: int) -> None:
-    """Until the model server has answered a call for every run."""
-    while int(server.stats()["answered"] or 0) < runs:  # noqa: ASYNC110 (polls the server)
+async def _under_way(server: ServerProcess, runs: int, logs: list[Path]) -> None:
+    """Until the model server has answered a call for every run (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while int(server.stats()["answered"] or 0) < runs:
+        if time.monotonic() > deadline:
+            tail = logs[0].read_text()[-2000:]
+            raise RuntimeError(f"the runs did not get under way; a worker's log ends:\n{tail}")
         await asyncio.sleep(0.05)
 
 
@@ -168,7 +172,7 @@ async def measure_hang(args: argparse.Namespace, home: Path, mode: str) -> HangO
             for log, worker in zip(logs, workers, strict=True):
                 await asyncio.to_thread(wait_ready, log, worker)
             ids = await client.start_many("bench", [f"job {i}" for i in range(args.runs)])
-            await _under_way(server, args.runs)
+            await _under_way(server, args.runs, logs)
             proxy.black_hole()
             ids += await client.start_many("bench", [f"during {i}" for i in range(10)])
             await asyncio.sleep(args.down)

@@ -2,8 +2,8 @@
 
 A consumer on Redis always has a BRPOP waiting, and a live server answers it within
 its timeout (1 s), empty-handed if need be; kombu sends the next as soon as one is
-answered, and keeps when (`_brpop_sent_at`, monotonic). So the time since that BRPOP
-went out is the time since the broker was last heard. A consumer reconnecting hears
+answered, and keeps when (`_brpop_sent_at`, monotonic). So the time since the last
+BRPOP went out is the time since the broker was last heard. A consumer reconnecting hears
 nothing at all, and one paused on a full pool asks nothing and counts as hearing.
 Every second, `BrokerHeard` sets `relayq_broker_unheard_seconds` to it: a value that
 climbs past `RELAYQ_BROKER_HEALTH_CHECK` is a broker gone silent, which kombu's check
@@ -34,11 +34,13 @@ def heard_at(consumer: Any, now: float) -> float | None:
         return None
     channel = getattr(task_consumer, "channel", None)
     sent = getattr(channel, "_brpop_sent_at", None)
+    if sent is None:
+        return now  # no BRPOP sent yet, or a transport with none
     qos = getattr(channel, "qos", None)
-    if sent is None or not getattr(channel, "_in_poll", None):
-        return now  # not waiting on the broker (between two, or a transport with no BRPOP)
     if qos is not None and not qos.can_consume():
         return now  # its pool is full: it reads no reply until a turn ends
+    # Whether one is pending or kombu dropped its connection for silent (the next goes out
+    # once a new one answers), the last was sent when the one before was answered.
     return float(sent)
 
 

@@ -33,6 +33,7 @@ from celery.worker import control
 from celery.worker.request import Request
 
 from tasks.broker.peek import redis_url
+from tasks.broker.redis_clients import RedisBounds
 from tasks.hooks import ModelCalling, RunHooks, ToolStarting, TurnEnded, TurnOutcome, TurnStarted
 from tasks.settings import Settings
 
@@ -62,7 +63,7 @@ def _client(settings: Settings) -> redis.Redis | None:
     url = redis_url(settings)
     if url is None:
         return None
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return redis.Redis.from_url(url, **RedisBounds.of(settings).options(url))
 
 
 def flower_watching(settings: Settings) -> bool:

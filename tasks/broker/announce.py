@@ -35,6 +35,7 @@ from redis.retry import Retry
 from store import Database
 from store.requests import run_of_request
 from tasks.broker.peek import redis_url
+from tasks.broker.redis_clients import RedisBounds
 from tasks.hooks import AnswerApplied, RunHooks, RunSettled
 from tasks.settings import Settings
 
@@ -47,8 +48,8 @@ QUIET_AFTER_FAILURE = 5.0
 HELD_AT_MOST = 10_000
 """Run ids kept for the next try while publishing fails; older ones are left to the
 waiters' fallback poll."""
-TIMEOUT = 2.0
-"""Seconds one publish may take, connecting included (on the announcing thread)."""
+CLOSE_WAIT = 4.0
+"""Seconds a closing announcer waits for what is pending to be published."""
 
 
 def channel_of(settings: Settings) -> str:
@@ -84,8 +85,7 @@ class Announcer:
             if url is None
             else redis.Redis.from_url(
                 url,
-                socket_timeout=TIMEOUT,
-                socket_connect_timeout=TIMEOUT,
+                **RedisBounds.of(settings).options(url),
                 # One reconnection, for a connection the server closed since its last use.
                 retry=Retry(NoBackoff(), 1),
             )
@@ -151,7 +151,7 @@ class Announcer:
             self._publishing = False
             self._changed.notify_all()
 
-    def published(self, timeout: float = TIMEOUT * 2) -> None:
+    def published(self, timeout: float = CLOSE_WAIT) -> None:
         """Return once what was announced before has been published (TimeoutError while
         publishing fails)."""
         with self._changed:

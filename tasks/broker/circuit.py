@@ -19,6 +19,7 @@ from relayq.circuit import Circuit, CircuitChange, CircuitHooks
 from store.outbox import MAINTENANCE_QUEUE, WAKE_TASK
 from tasks.broker.circuit_views import CircuitView, batch_waits, read_circuits, since_text
 from tasks.broker.redis_circuit import REFRESH, RedisCircuit, Wake
+from tasks.broker.redis_clients import RedisBounds
 from tasks.settings import Settings
 
 __all__ = [
@@ -123,6 +124,7 @@ def circuit_for(settings: Settings) -> Circuit:
                     probe_every=settings.providers.probe_every.total_seconds(),
                     hooks=_HOOKS,
                     wake=_waker(settings),
+                    bounds=RedisBounds.of(settings),
                 )
             _circuits[key] = circuit
         return circuit

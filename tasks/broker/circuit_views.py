@@ -12,6 +12,7 @@ import redis
 
 from relayq.circuit import CircuitState
 from tasks.broker.redis_circuit import decoded
+from tasks.broker.redis_clients import RedisBounds
 from tasks.settings import Settings
 
 __all__ = ["CircuitView", "batch_waits", "read_circuits", "since_text"]
@@ -78,7 +79,7 @@ def batch_waits(settings: Settings, batch_id: str) -> list[CircuitView]:
     url = settings.redis_url
     if url is None:
         return []
-    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    client = redis.Redis.from_url(url, **RedisBounds.of(settings).options(url))
     try:
         views = read_circuits(client, settings.key_prefix, batch_id=batch_id)
     except (redis.RedisError, OSError) as exc:

@@ -65,7 +65,7 @@ from relayq.ratelimit import (
     WaitReason,
 )
 from tasks.broker.circuit import circuit_for
-from tasks.broker.redis_clients import close_redis, redis_pool
+from tasks.broker.redis_clients import DEFAULT_BOUNDS, RedisBounds, close_redis, redis_pool
 from tasks.settings import Settings
 
 __all__ = [
@@ -220,9 +220,11 @@ class RedisLimiter(Limiter):
         hooks: Sequence[LimiterHooks] = (),
         poll: float = 0.02,
         retry_unavailable: float = 5.0,
+        bounds: RedisBounds = DEFAULT_BOUNDS,
     ) -> None:
         super().__init__(hooks)
         self.url = url
+        self.bounds = bounds
         self.prefix = prefix
         self.poll = poll
         """Seconds between tries at a full in-flight cap, for slots freed by other processes."""
@@ -236,7 +238,7 @@ class RedisLimiter(Limiter):
         return f"RedisLimiter(prefix={self.prefix!r})"  # never the URL: it may hold a password
 
     def _open(self) -> _Conn:
-        client = redis_pool(self.url, owner="limiter", max_connections=32, socket_timeout=5)
+        client = redis_pool(self.url, owner="limiter", max_connections=32, bounds=self.bounds)
         return _Conn(
             client,
             client.register_script(_ACQUIRE),
@@ -440,7 +442,9 @@ def limiter_for(settings: Settings) -> Limiter:
                 log.warning("provider limits need a Redis broker; calls go unlimited")
                 limiter = Limiter(_HOOKS)
             else:
-                limiter = RedisLimiter(url, prefix=settings.key_prefix, hooks=_HOOKS)
+                limiter = RedisLimiter(
+                    url, prefix=settings.key_prefix, hooks=_HOOKS, bounds=RedisBounds.of(settings)
+                )
             _limiters[key] = limiter
         return limiter
 

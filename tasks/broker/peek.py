@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import redis
 
+from tasks.broker.redis_clients import RedisBounds
 from tasks.settings import Settings
 
 __all__ = ["PRIORITY_STEPS", "QueuePeek", "priority_lists", "redis_url"]
@@ -52,7 +53,7 @@ class QueuePeek:
         self._client = (
             None
             if url is None
-            else redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+            else redis.Redis.from_url(url, **RedisBounds.of(settings).options(url))
         )
 
     def oldest(self, queues: Iterable[str]) -> dict[str, list[str]] | None:

@@ -57,7 +57,7 @@ from relayq.circuit import (
 )
 from relayq.perloop import PerLoop
 from relayq.ratelimit import ProviderLimits
-from tasks.broker.redis_clients import close_redis, redis_pool
+from tasks.broker.redis_clients import DEFAULT_BOUNDS, RedisBounds, close_redis, redis_pool
 
 __all__ = ["REFRESH", "RedisCircuit", "Wake", "decoded"]
 
@@ -195,9 +195,11 @@ class RedisCircuit(Circuit):
         hooks: Sequence[CircuitHooks] = (),
         wake: Wake | None = None,
         retry_unavailable: float = 5.0,
+        bounds: RedisBounds = DEFAULT_BOUNDS,
     ) -> None:
         super().__init__(hooks)
         self.url = url
+        self.bounds = bounds
         self.prefix = prefix
         self.probe_every = probe_every
         """Seconds between probes of an open circuit (longer when the provider asks)."""
@@ -222,7 +224,7 @@ class RedisCircuit(Circuit):
         await self._conns.aclose()
 
     def _open(self) -> _Conn:
-        return _Conn(redis_pool(self.url, owner="circuit", max_connections=8, socket_timeout=5))
+        return _Conn(redis_pool(self.url, owner="circuit", max_connections=8, bounds=self.bounds))
 
     async def _run(self, script: str, key: str, *args: str | int) -> Any:
         """Run `script` on circuit `key`; raises redis.RedisError or OSError."""

@@ -11,6 +11,7 @@ nothing closed when its loop ended (`relayq.perloop.PerLoop` closes those now).
 `close_redis` closes a client to the end whatever cuts in; the caller still ends
 cancelled, once the close is done.
 `redis_pool` makes the per-loop pool that the limiter and the circuits share the shape of.
+Every Redis connection of relayq's waits within `RedisBounds`, from the settings.
 Each connection is named for its owner and process (`connection_name`), so an operator's
 `CLIENT LIST` says which relayq process holds it.
 """
@@ -21,11 +22,49 @@ import asyncio
 import functools
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
-__all__ = ["close_redis", "connection_name", "redis_pool"]
+from tasks.settings import Settings
+
+__all__ = ["DEFAULT_BOUNDS", "RedisBounds", "close_redis", "connection_name", "redis_pool"]
+
+
+@dataclass(frozen=True)
+class RedisBounds:
+    """How long one of relayq's Redis connections may keep its caller waiting: a command's
+    answer, and a new connection's (`RELAYQ_BROKER_TIMEOUT`); TCP keepalives on it; and a
+    PING first when it was left idle past the health check (`RELAYQ_BROKER_HEALTH_CHECK`),
+    so a connection that went silent meanwhile is found before it is used."""
+
+    timeout: float = 10.0
+    health_check: float = 10.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> RedisBounds:
+        recovery = settings.recovery
+        return cls(
+            recovery.broker_timeout.total_seconds(), recovery.broker_health_check.total_seconds()
+        )
+
+    def options(self, url: str) -> dict[str, Any]:
+        """redis-py's keyword arguments for a client on `url` (the same for its sync and
+        asyncio clients): TCP keepalives only where there is TCP (not `unix://`, the
+        embedded broker's socket, whose connections take no such argument)."""
+        options: dict[str, Any] = {
+            "socket_timeout": self.timeout,
+            "socket_connect_timeout": self.timeout,
+            "health_check_interval": max(1, round(self.health_check)),
+        }
+        if not url.startswith("unix:"):
+            options["socket_keepalive"] = True
+        return options
+
+
+DEFAULT_BOUNDS = RedisBounds()
+"""The settings' defaults, for a client made without settings (a test's, a tool's)."""
 
 
 def connection_name(owner: str) -> str:
@@ -34,17 +73,16 @@ def connection_name(owner: str) -> str:
 
 
 def redis_pool(
-    url: str, *, owner: str, max_connections: int, socket_timeout: float
+    url: str, *, owner: str, max_connections: int, bounds: RedisBounds
 ) -> aioredis.Redis:
-    """A client on a pool of at most `max_connections` (waiting up to 5 s for a free one),
-    its connections named for `owner`; closing the client closes the pool."""
+    """A client on a pool of at most `max_connections` (waiting up to the bound for a free
+    one), its connections named for `owner`; closing the client closes the pool."""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         client_name=connection_name(owner),
         max_connections=max_connections,
-        timeout=5,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=2,
+        timeout=bounds.timeout,
+        **bounds.options(url),
     )
     return aioredis.Redis.from_pool(pool)
 

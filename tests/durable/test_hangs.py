@@ -52,6 +52,18 @@ def hung(tmp_path: Path) -> Iterator[Hung]:
         yield Hung(broker, proxy, env, Settings.from_env(env))
 
 
+def _worker_at_defaults(hung: Hung, tmp_path: Path, **extra: str) -> tuple[Worker, Settings]:
+    """A worker, with the default bounds, whose broker connections all go through the
+    proxy; and the settings of a host that reaches the broker directly (only the worker's
+    connections go silent)."""
+    env = {**os.environ, **hung.env, "RELAYQ_TEST_LOG": str(tmp_path / "log"), **extra}
+    for bound in ("RELAYQ_BROKER_TIMEOUT", "RELAYQ_BROKER_HEALTH_CHECK"):
+        env.pop(bound)
+    worker = Worker(env, tmp_path / "worker.log").start()
+    assert worker.proc is not None
+    return worker, replace(hung.settings, broker_url=hung.broker.url, embedded_broker=False)
+
+
 async def test_a_hosts_announcements_come_back_after_the_broker_went_silent(
     hung: Hung, eventually: Eventually, caplog: pytest.LogCaptureFixture
 ):
@@ -129,21 +141,14 @@ async def test_runs_in_flight_when_the_broker_goes_silent_finish_once_it_answers
     # Given a worker, with the default bounds, whose broker connections all go through the
     # proxy, serving its metrics, and 40 runs in flight
     port = free_port()
-    env = {
-        **os.environ,
-        **hung.env,
-        "RELAYQ_AGENTS": "tests.durable.store_outage_agents",
-        "RELAYQ_TEST_LOG": str(tmp_path / "log"),
-        "RELAYQ_CONCURRENCY": "100",
-        "RELAYQ_WORKER_METRICS_PORT": str(port),
-        "RELAYQ_WORKER_METRICS_ADDR": "127.0.0.1",
-    }
-    for bound in ("RELAYQ_BROKER_TIMEOUT", "RELAYQ_BROKER_HEALTH_CHECK"):
-        env.pop(bound)
-    worker = Worker(env, tmp_path / "worker.log").start()
-    assert worker.proc is not None
-    # The host reaches the broker directly: only the worker's connections go silent.
-    direct = replace(hung.settings, broker_url=hung.broker.url, embedded_broker=False)
+    worker, direct = _worker_at_defaults(
+        hung,
+        tmp_path,
+        RELAYQ_AGENTS="tests.durable.store_outage_agents",
+        RELAYQ_CONCURRENCY="100",
+        RELAYQ_WORKER_METRICS_PORT=str(port),
+        RELAYQ_WORKER_METRICS_ADDR="127.0.0.1",
+    )
     client = DurableClient(settings=direct)
     try:
         # When the broker goes silent for 20 s under 40 runs in flight (see the helper)
@@ -236,12 +241,7 @@ async def test_remote_control_and_events_come_back_after_the_pubsub_connection_w
 ):
     # Given a worker, with the default bounds, whose broker connections go through the
     # proxy, answering a remote-control ping from a host that reaches the broker directly
-    env = {**os.environ, **hung.env, "RELAYQ_AGENTS": "tests.durable.agents"}
-    for bound in ("RELAYQ_BROKER_TIMEOUT", "RELAYQ_BROKER_HEALTH_CHECK"):
-        env.pop(bound)
-    worker = Worker(env, tmp_path / "worker.log").start()
-    assert worker.proc is not None
-    direct = replace(hung.settings, broker_url=hung.broker.url, embedded_broker=False)
+    worker, direct = _worker_at_defaults(hung, tmp_path, RELAYQ_AGENTS="tests.durable.agents")
     control = sender_app(direct).control
 
     def answered() -> bool:
@@ -262,6 +262,42 @@ async def test_remote_control_and_events_come_back_after_the_pubsub_connection_w
             lambda: "Events of group {task} enabled by remote" in worker.logfile.read_text(),
             what="the broadcast turning events on",
         )
+        assert worker.proc is not None
         assert worker.proc.poll() is None
     finally:
+        worker.stop()
+
+
+@pytest.mark.timeout(240)
+async def test_a_slow_broker_slows_runs_down_and_fails_or_takes_over_none(
+    hung: Hung, tmp_path: Path, eventually: Eventually
+):
+    # Given a worker, with the default bounds, whose broker connections all go through the
+    # proxy, and 20 runs in flight
+    worker, direct = _worker_at_defaults(
+        hung, tmp_path, RELAYQ_AGENTS="tests.durable.store_outage_agents", RELAYQ_CONCURRENCY="100"
+    )
+    client = DurableClient(settings=direct)
+    try:
+        run_ids = await client.start_many("outlast", [f"slow {i}" for i in range(20)])
+        await eventually(lambda: in_flight(client.db, run_ids) >= 10, what="runs in flight")
+
+        # When every packet to and from the broker is held 2 s, for 30 s
+        hung.proxy.slow(2.0)
+        await outlive([worker], time.monotonic(), 30)
+        hung.proxy.fast()
+
+        # Then every run is done, each tool call run once, on its first attempt, and no
+        # connection was dropped for silent
+        await eventually(lambda: all_finished(client.db, run_ids), timeout=90, what="all done")
+        check_runs(client.db, tmp_path / "log", run_ids)
+        attempts = tool_attempts(tmp_path / "log")
+        assert {tuple(seen) for seen in attempts.values()} == {(1,)}
+        assert worker.proc is not None
+        assert worker.proc.poll() is None
+        log = worker.logfile.read_text()
+        assert "dropping stale connection" not in log, log[-3000:]
+        assert "could not announce" not in log, log[-3000:]
+    finally:
+        client.close()
         worker.stop()
