@@ -24,7 +24,7 @@ from tests.brokers import PrivateRedis
 from tests.ports import free_port
 from tests.postgres_server import PrivatePostgres
 
-from .conftest import Broker, Eventually, Worker
+from .conftest import SUBMITTER, Broker, Eventually, Worker, serving
 from .test_store_outage import _env, all_finished, check_runs, in_flight, outlive, tool_attempts
 
 
@@ -301,3 +301,30 @@ async def test_a_slow_broker_slows_runs_down_and_fails_or_takes_over_none(
     finally:
         client.close()
         worker.stop()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(150)
+async def test_the_api_answers_503_while_its_store_is_silent_and_serves_once_it_answers(
+    private_pg: PrivatePostgres, broker: Broker, tmp_path: Path
+):
+    # Given the API, with the default bounds, on a store reached through the proxy
+    with HangingProxy(private_pg.port) as proxy:
+        url = private_pg.url.replace(f":{private_pg.port}/", f":{proxy.port}/")
+        settings = Settings.from_env(_env(broker, tmp_path, url))
+        DurableClient(settings=settings).close()  # migrates the store
+        with serving(settings) as server:
+            async with server.http(SUBMITTER) as http:
+                assert (await http.get("/api/runs")).status_code == 200
+
+                # When the store goes silent under a request
+                proxy.black_hole()
+                silent = await http.get("/api/runs", timeout=90)
+
+                # Then the request is answered 503 (the store unavailable), not held for good
+                assert silent.status_code == 503, silent.text
+                assert int(silent.headers["Retry-After"]) >= 1
+
+                # And once new connections are answered again, the next request is served
+                proxy.heal()
+                assert (await http.get("/api/runs", timeout=90)).status_code == 200
