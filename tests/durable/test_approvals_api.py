@@ -104,7 +104,15 @@ async def test_a_decline_needs_a_reason_and_the_body_is_checked(
     assert declined.json()["status"] == "answered"
 
 
-async def test_the_audit_trail_pages_back_without_repeats(api: ApiServer):
+async def test_the_audit_trail_pages_back_without_repeats(
+    api: ApiServer, prompt: str, eventually: Eventually
+):
+    # Given two decisions of its own (the trail holds them whatever ran before)
+    for n in range(2):
+        stored = await _halted_refund(api, f"{prompt} {n}", eventually)
+        declined = await _decide(api, BEN, stored["request"]["id"], decision="decline", reason="no")
+        assert declined.status_code == 200, declined.text
+
     async with api.http(VIC) as http:
         first = (await http.get("/api/audit", params={"limit": 1})).json()
         assert len(first["items"]) == 1
