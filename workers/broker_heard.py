@@ -5,13 +5,16 @@ its timeout (1 s), empty-handed if need be; kombu sends the next as soon as one 
 answered, and keeps when (`_brpop_sent_at`, monotonic). So the time since the last
 BRPOP went out is the time since the broker was last heard. A consumer reconnecting hears
 nothing at all, and one paused on a full pool asks nothing and counts as hearing.
-Every second, `BrokerHeard` sets `relayq_broker_unheard_seconds` to it: a value that
-climbs past `RELAYQ_BROKER_HEALTH_CHECK` is a broker gone silent, which kombu's check
-drops and the consumer makes again (docs/operators.md).
+Every second, from a thread of its own, `BrokerHeard` sets
+`relayq_broker_unheard_seconds` to it: a value that climbs past
+`RELAYQ_BROKER_HEALTH_CHECK` is a broker gone silent, which kombu's check drops and the
+consumer makes again (docs/operators.md).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from typing import Any
 
@@ -23,6 +26,8 @@ __all__ = ["BrokerHeard", "heard_at"]
 
 EVERY = 1.0
 """Seconds between two looks."""
+
+log = logging.getLogger(__name__)
 
 
 def heard_at(consumer: Any, now: float) -> float | None:
@@ -45,7 +50,11 @@ def heard_at(consumer: Any, now: float) -> float | None:
 
 
 class BrokerHeard(bootsteps.StartStopStep):
-    """The consumer's `relayq_broker_unheard_seconds`, each second, for the worker's life."""
+    """The consumer's `relayq_broker_unheard_seconds`, each second, for the worker's life.
+
+    From a thread of its own: the consumer's own loop may be the one held up by the silent
+    broker (a command waiting out its socket timeout), and the metric must go on counting
+    then above all."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
@@ -55,12 +64,23 @@ class BrokerHeard(bootsteps.StartStopStep):
         self.broker = url.split(":", 1)[0]
         """The broker's scheme (`redis`, `amqp`): the metric's label, never its address."""
         self._last = time.monotonic()
-        self._timer: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self, parent: Any) -> None:
-        # Called again after every reconnection: one timer for the consumer's life.
-        if self._timer is None:
-            self._timer = parent.timer.call_repeatedly(EVERY, self.observe, (parent,))
+        # Called again after every reconnection: one thread for the consumer's life.
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._watch, args=(parent,), name="relayq-broker-heard", daemon=True
+            )
+            self._thread.start()
+
+    def _watch(self, parent: Any) -> None:
+        while not self._stop.wait(EVERY):
+            try:
+                self.observe(parent)
+            except Exception:  # a consumer between two states; the next look reads it again
+                log.debug("could not read the consumer's state", exc_info=True)
 
     def observe(self, parent: Any) -> float:
         now = time.monotonic()
@@ -72,6 +92,7 @@ class BrokerHeard(bootsteps.StartStopStep):
         return unheard
 
     def shutdown(self, parent: Any) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
