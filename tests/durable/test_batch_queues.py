@@ -215,8 +215,14 @@ async def test_a_retried_batch_turn_goes_back_to_its_queue_at_the_batch_priority
     # Then each try was sent to the batch's queue at its lowest priority, the retries too:
     # a retry keeps the priority its message came with (Celery copies it from the
     # delivery), and a priority is a list of its own in the broker (the test above)
+    # (a sender records its message just after the broker took it, and the turn it
+    # carries may be done first)
     queue = batch_queue_name(TURNS, batch.batch_id)
-    tries = sent_messages(place.log, run_ids=set(batch.runs.values()))
+    runs = set(batch.runs.values())
+    await eventually(
+        lambda: len(sent_messages(place.log, run_ids=runs)) >= 6, timeout=10, what="six sends"
+    )
+    tries = sent_messages(place.log, run_ids=runs)
     assert [(t.queue, t.priority) for t in tries] == [(queue, BATCH_PRIORITY)] * 6, tries
     assert sum(t.countdown for t in tries) == 4, "two first tries, four retries"
 
