@@ -32,7 +32,6 @@ from celery.signals import worker_ready
 from celery.worker import control
 from celery.worker.request import Request
 
-from tasks.broker.peek import redis_url
 from tasks.broker.redis_clients import RedisBounds
 from tasks.hooks import ModelCalling, RunHooks, ToolStarting, TurnEnded, TurnOutcome, TurnStarted
 from tasks.settings import Settings
@@ -60,7 +59,7 @@ def _mark(settings: Settings) -> str:
 
 
 def _client(settings: Settings) -> redis.Redis | None:
-    url = redis_url(settings)
+    url = settings.redis_url
     if url is None:
         return None
     return redis.Redis.from_url(url, **RedisBounds.of(settings).options(url))

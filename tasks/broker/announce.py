@@ -34,7 +34,6 @@ from redis.retry import Retry
 
 from store import Database
 from store.requests import run_of_request
-from tasks.broker.peek import redis_url
 from tasks.broker.redis_clients import RedisBounds
 from tasks.hooks import AnswerApplied, RunHooks, RunSettled
 from tasks.settings import Settings
@@ -79,7 +78,7 @@ class Announcer:
     def __init__(self, settings: Settings, *, quiet: float = QUIET_AFTER_FAILURE) -> None:
         self.channel = channel_of(settings)
         self.quiet = quiet
-        url = redis_url(settings)
+        url = settings.redis_url
         self._client = (
             None
             if url is None

@@ -18,24 +18,13 @@ import redis
 from tasks.broker.redis_clients import RedisBounds
 from tasks.settings import Settings
 
-__all__ = ["PRIORITY_STEPS", "QueuePeek", "priority_lists", "redis_url"]
+__all__ = ["PRIORITY_STEPS", "QueuePeek", "priority_lists"]
 
 log = logging.getLogger(__name__)
 
 PRIORITY_STEPS = (0, 3, 6, 9)
 """Kombu Redis's priority levels; a message's priority is rounded down to one of them."""
 _SEPARATOR = "\x06\x16"
-
-
-def redis_url(settings: Settings) -> str | None:
-    """The broker's address as redis-py takes it; None when the broker is not Redis.
-
-    Kombu spells the embedded broker's socket `redis+socket://`, redis-py `unix://`.
-    """
-    url = settings.broker_url
-    if url.startswith("redis+socket://"):
-        url = "unix://" + url.removeprefix("redis+socket://")
-    return url if url.startswith(("redis://", "rediss://", "unix://")) else None
 
 
 def priority_lists(queue: str) -> list[str]:
@@ -49,7 +38,7 @@ class QueuePeek:
 
     def __init__(self, settings: Settings) -> None:
         self.prefix = settings.key_prefix
-        url = redis_url(settings)
+        url = settings.redis_url
         self._client = (
             None
             if url is None

@@ -47,7 +47,6 @@ from store.audit import Decider
 from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
 from tasks.broker.dispatch import BrokerDispatch, Dispatch
-from tasks.broker.peek import redis_url
 from tasks.broker.publish import sender_app
 from tasks.hooks import Hooks, Sending, hooks_named
 from tasks.host.answering import Answering, answer_to
@@ -123,7 +122,7 @@ class DurableClient:
         if waiting not in ("pushed", "polled"):
             raise ValueError(f"waiting is pushed or polled, not {waiting!r}")
         # An eager client settles its runs itself, and only Redis carries announcements.
-        pushed = not eager and redis_url(self.settings) is not None
+        pushed = not eager and self.settings.redis_url is not None
         how: Waiting = waiting if pushed else "polled"
         self.inline_store = self.db.is_sqlite
         """Store calls run on the event loop (SQLite) while its lock is free."""

@@ -32,7 +32,6 @@ from redis.backoff import NoBackoff
 from relayq import RelayqError
 from store import Database, StoreUnavailable, UnknownRun, settled, settled_many
 from tasks.broker.announce import channel_of, decode
-from tasks.broker.peek import redis_url
 from tasks.broker.redis_clients import close_redis, connection_name
 from tasks.settings import Settings
 
@@ -70,7 +69,7 @@ class RunWaiter:
         self.io = io
         self.recheck = recheck
         self.channel = channel_of(settings)
-        self._url = redis_url(settings)
+        self._url = settings.redis_url
         self._broker_timeout = settings.recovery.broker_timeout.total_seconds()
         self._health_check = settings.recovery.broker_health_check.total_seconds()
         self._silent = False

@@ -134,6 +134,31 @@ async def _through_a_silence(
     return seen
 
 
+async def _through_a_slowness(
+    proxy: HangingProxy,
+    worker: Worker,
+    client: DurableClient,
+    eventually: Eventually,
+    log: Path,
+) -> str:
+    """With 20 runs in flight: every packet through the proxy held 2 s, for 30 s. Every
+    run must be done, each tool call run once, on its first attempt (no turn taken for a
+    dead worker's), by the same worker process. Returns the worker's log."""
+    run_ids = await client.start_many("outlast", [f"slow {i}" for i in range(20)])
+    await eventually(lambda: in_flight(client.db, run_ids) >= 10, what="runs in flight")
+    proxy.slow(2.0)
+    await outlive([worker], time.monotonic(), 30)
+    proxy.fast()
+
+    await eventually(lambda: all_finished(client.db, run_ids), timeout=90, what="all done")
+    check_runs(client.db, log, run_ids)
+    attempts = tool_attempts(log)
+    assert {tuple(seen) for seen in attempts.values()} == {(1,)}
+    assert worker.proc is not None
+    assert worker.proc.poll() is None
+    return worker.logfile.read_text()
+
+
 @pytest.mark.timeout(240)
 async def test_runs_in_flight_when_the_broker_goes_silent_finish_once_it_answers(
     hung: Hung, tmp_path: Path, eventually: Eventually
@@ -214,24 +239,12 @@ async def test_a_slow_store_slows_runs_down_and_fails_or_takes_over_none(
 ):
     # Given a worker whose store connections go through the proxy, and 20 runs in flight
     with _worker_behind_proxy(private_pg, broker, tmp_path) as part:
-        client, proxy, worker = part.client, part.proxy, part.worker
-        run_ids = await client.start_many("outlast", [f"slow {i}" for i in range(20)])
-        await eventually(lambda: in_flight(client.db, run_ids) >= 10, what="runs in flight")
-
         # When every packet to and from the store is held 2 s, for 30 s
-        proxy.slow(2.0)
-        await outlive([worker], time.monotonic(), 30)
-        proxy.fast()
-
-        # Then every run is done, each tool call run once, on its first attempt (no turn
-        # was taken for a dead worker's), and no connection was taken for silent
-        await eventually(lambda: all_finished(client.db, run_ids), timeout=90, what="all done")
-        check_runs(client.db, tmp_path / "log", run_ids)
-        attempts = tool_attempts(tmp_path / "log")
-        assert {tuple(seen) for seen in attempts.values()} == {(1,)}
-        assert worker.proc is not None
-        assert worker.proc.poll() is None
-        log = worker.logfile.read_text()
+        # Then every run is done, each tool call run once, on its first attempt (see the
+        # helper), and no connection was taken for silent
+        log = await _through_a_slowness(
+            part.proxy, part.worker, part.client, eventually, tmp_path / "log"
+        )
         assert "went silent" not in log, log[-3000:]
 
 
@@ -279,23 +292,10 @@ async def test_a_slow_broker_slows_runs_down_and_fails_or_takes_over_none(
     )
     client = DurableClient(settings=direct)
     try:
-        run_ids = await client.start_many("outlast", [f"slow {i}" for i in range(20)])
-        await eventually(lambda: in_flight(client.db, run_ids) >= 10, what="runs in flight")
-
         # When every packet to and from the broker is held 2 s, for 30 s
-        hung.proxy.slow(2.0)
-        await outlive([worker], time.monotonic(), 30)
-        hung.proxy.fast()
-
-        # Then every run is done, each tool call run once, on its first attempt, and no
-        # connection was dropped for silent
-        await eventually(lambda: all_finished(client.db, run_ids), timeout=90, what="all done")
-        check_runs(client.db, tmp_path / "log", run_ids)
-        attempts = tool_attempts(tmp_path / "log")
-        assert {tuple(seen) for seen in attempts.values()} == {(1,)}
-        assert worker.proc is not None
-        assert worker.proc.poll() is None
-        log = worker.logfile.read_text()
+        # Then every run is done, each tool call run once, on its first attempt (see the
+        # helper), and no connection was dropped for silent
+        log = await _through_a_slowness(hung.proxy, worker, client, eventually, tmp_path / "log")
         assert "dropping stale connection" not in log, log[-3000:]
         assert "could not announce" not in log, log[-3000:]
     finally:

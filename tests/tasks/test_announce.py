@@ -11,7 +11,6 @@ import redis
 from store.requests import run_of_request
 from tasks import Settings
 from tasks.broker.announce import HELD_AT_MOST, Announcer, RunAnnouncer, channel_of, decode, encode
-from tasks.broker.peek import redis_url
 from tasks.hooks import AnswerApplied, RunSettled, TurnOutcome
 from tests.ports import free_port
 
@@ -78,8 +77,8 @@ def test_the_channel_carries_the_key_prefix():
 
 def test_the_embedded_brokers_socket_is_reached_as_redis_py_spells_it(tmp_path):
     embedded = Settings.from_env({"RELAYQ_HOME": str(tmp_path)})
-    assert redis_url(embedded) == f"unix://{tmp_path / 'redis.sock'}"
-    assert redis_url(Settings.from_env({"RELAYQ_BROKER_URL": "amqp://h//"})) is None
+    assert embedded.redis_url == f"unix://{tmp_path / 'redis.sock'}"
+    assert Settings.from_env({"RELAYQ_BROKER_URL": "amqp://h//"}).redis_url is None
 
 
 def _unreachable() -> Settings:
