@@ -37,7 +37,11 @@ class RedisBounds:
     """How long one of relayq's Redis connections may keep its caller waiting: a command's
     answer, and a new connection's (`RELAYQ_BROKER_TIMEOUT`); TCP keepalives on it; and a
     PING first when it was left idle past the health check (`RELAYQ_BROKER_HEALTH_CHECK`),
-    so a connection that went silent meanwhile is found before it is used."""
+    so a connection that went silent meanwhile is found before it is used.
+
+    No `retry_on_timeout`: a command whose answer was late may have run, and a limiter's
+    script or a publish sent again would count twice; the caller treats the timeout as
+    an outage, where it knows what is safe to repeat."""
 
     timeout: float = 10.0
     health_check: float = 10.0

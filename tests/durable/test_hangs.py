@@ -234,6 +234,42 @@ async def test_runs_in_flight_when_the_store_goes_silent_finish_once_it_answers(
 
 @pytest.mark.postgres
 @pytest.mark.timeout(240)
+async def test_a_worker_whose_store_stays_silent_gives_its_runs_to_another_worker(
+    private_pg: PrivatePostgres, broker: Broker, tmp_path: Path, eventually: Eventually
+):
+    # Given two workers on one broker: A reaches the store through the proxy, B directly;
+    # and 40 runs in flight
+    with _worker_behind_proxy(private_pg, broker, tmp_path) as part:
+        b_env = {**part.worker.env, "RELAYQ_DATABASE_URL": private_pg.url}
+        other = Worker(b_env, tmp_path / "other.log").start()
+        try:
+            client = part.client
+            run_ids = await client.start_many("outlast", [f"cut off {i}" for i in range(40)])
+            await eventually(lambda: in_flight(client.db, run_ids) >= 20, what="runs in flight")
+
+            # When A's store goes silent for good: old connections and new ones alike
+            part.proxy.black_hole()
+            silent_at = time.monotonic()
+            after = await client.start_many("outlast", [f"later {i}" for i in range(10)])
+
+            # Then A, alive but cut off, beats no more, and B takes its runs over: every
+            # run is done within 90 s, each tool call run once or again as a counted attempt.
+            # (A still takes messages it cannot run, each sent again by B's sweeper once
+            # overdue: about 40 s here, most of it RELAYQ_WORKER_TIMEOUT and
+            # RELAYQ_REDELIVER_AFTER)
+            every = run_ids + after
+            await eventually(lambda: all_finished(client.db, every), timeout=90, what="all done")
+            print(f"{len(every)} runs done {time.monotonic() - silent_at:.1f} s after the silence")
+            check_runs(client.db, tmp_path / "log", every)
+            for worker in (part.worker, other):
+                assert worker.proc is not None
+                assert worker.proc.poll() is None
+        finally:
+            other.stop()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(240)
 async def test_a_slow_store_slows_runs_down_and_fails_or_takes_over_none(
     private_pg: PrivatePostgres, broker: Broker, tmp_path: Path, eventually: Eventually
 ):

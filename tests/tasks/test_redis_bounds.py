@@ -4,11 +4,16 @@ only the latter, where a TCP-only option (keepalives) would fail every client.""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from bench.hanging_proxy import HangingProxy
 from tasks import Settings
 from tasks.broker.announce import Announcer
 from tasks.broker.circuit_views import batch_waits
@@ -71,3 +76,52 @@ async def test_the_per_loop_pools_talk_to_the_broker(settings: Settings):
         assert await client.ping()
     finally:
         await close_redis(client)
+
+
+def test_a_command_that_timed_out_is_not_sent_again(private_redis: PrivateRedis, prefix: str):
+    # Given our clients (sync, and a per-loop pool) with a 1 s bound, on a Redis whose next
+    # packet is held 2 s and whose later ones pass at once: an answer too late, on a
+    # connection that a resend would find quick again
+    key = f"{prefix}once"
+    bounds = RedisBounds(timeout=1.0, health_check=10.0)
+    with HangingProxy(private_redis.port) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+
+        def held_once() -> None:
+            proxy.slow(2.0)
+            time.sleep(0.1)  # (the proxy's loop takes the change)
+            threading.Timer(0.5, proxy.fast).start()
+
+        sync_client = redis.Redis.from_url(url, **bounds.options(url))
+
+        async def incr_on_the_pool() -> None:
+            client = redis_pool(url, owner="test", max_connections=2, bounds=bounds)
+            try:
+                await client.ping()
+                held_once()
+                with pytest.raises(redis.TimeoutError):
+                    await client.incr(key)
+            finally:
+                await close_redis(client)
+
+        try:
+            # When one INCR times out on each
+            sync_client.ping()
+            held_once()
+            with pytest.raises(redis.TimeoutError):
+                sync_client.incr(key)
+            asyncio.run(incr_on_the_pool())
+        finally:
+            sync_client.close()
+
+        # Then the server ran each once, late: neither client sent it again on its own
+        # (redis-py's `retry_on_timeout` would; a limiter's or circuit's script or a
+        # publish sent twice counts twice, so our caller decides, as for an outage)
+        direct = private_redis.client()
+        try:
+            deadline = time.monotonic() + 10
+            while direct.get(key) != b"2" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert direct.get(key) == b"2"
+        finally:
+            direct.close()
