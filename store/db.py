@@ -33,6 +33,7 @@ from sqlmodel import Session, create_engine
 
 from relayq import UnstorableInput
 from store.errors import StoreBusy, StoreUnavailable
+from store.sqlite_writes import SqliteWrites
 from store.stalls import UNBOUNDED, StallWatch
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
 ]
 
 _WRITE = "relayq_write"
-_IMPATIENT = "relayq_impatient"
 BUSY_TIMEOUT_ENV = "RELAYQ_SQLITE_BUSY_TIMEOUT"
 CONNECT_TIMEOUT_ENV = "RELAYQ_STORE_CONNECT_TIMEOUT"
 SILENT_AFTER_ENV = "RELAYQ_STORE_SILENT_AFTER"
@@ -56,9 +56,11 @@ _impatient: ContextVar[bool] = ContextVar("relayq_impatient", default=False)
 
 @contextmanager
 def impatient() -> Iterator[None]:
-    """While open, the first write transaction on SQLite takes the lock only if it is free
-    now, else fails at once with StoreUnavailable (nothing done): a caller on an event loop
-    then waits for it elsewhere (`tasks.runtime.Runtime.io`) instead of blocking the loop.
+    """While open, the first write transaction on SQLite takes the lock only if no other
+    process holds it now, else fails at once with StoreBusy (nothing done): a caller on an
+    event loop then waits for it elsewhere (`tasks.runtime.Runtime.io`) instead of blocking
+    the loop. This process's own writers are waited for (`store.sqlite_writes`): each
+    holds the lock for one short transaction.
 
     Only the first: a store call whose first write went through may have committed it, and
     is not cut short after that.
@@ -246,18 +248,20 @@ def _use_wal(cur: Any, busy_timeout: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
-def _sqlite_engine(url: str, busy_timeout: float) -> Engine:
+def _sqlite_engine(url: str, busy_timeout: float, *, waits: bool = True) -> Engine:
+    """An engine on SQLite's file; its connections wait up to `busy_timeout` for the write
+    lock, or (`waits=False`: the writers of `SqliteWrites`) not at all."""
     path = make_url(url).database
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+    wait = busy_timeout if waits else 0.0
     engine = create_engine(
         url,
-        connect_args={"timeout": busy_timeout, "check_same_thread": False},
+        connect_args={"timeout": wait, "check_same_thread": False},
         hide_parameters=True,
         pool_size=24,
         max_overflow=16,
     )
-    wait_ms = int(busy_timeout * 1000)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -266,25 +270,14 @@ def _sqlite_engine(url: str, busy_timeout: float) -> Engine:
         cur = dbapi_conn.cursor()
         _use_wal(cur, busy_timeout)
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute(f"PRAGMA busy_timeout={wait_ms}")
+        cur.execute(f"PRAGMA busy_timeout={int(wait * 1000)}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        options = conn.get_execution_options()
-        if not options.get(_WRITE):
-            conn.exec_driver_sql("BEGIN")
-        elif options.get(_IMPATIENT):
-            # Straight on the driver's connection: no statement of the store's own.
-            raw = conn.connection.dbapi_connection
-            raw.execute("PRAGMA busy_timeout=0")
-            try:
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-            finally:
-                raw.execute(f"PRAGMA busy_timeout={wait_ms}")
-        else:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        write = conn.get_execution_options().get(_WRITE)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write or not waits else "BEGIN")
 
     return engine
 
@@ -303,14 +296,15 @@ class Database:
         self.url = url or default_database_url()
         self.address = make_url(self.url).render_as_string(hide_password=True)
         """The store's URL without its password: what errors and logs name."""
-        self._impatient_writer: Engine | None = None
+        self._sqlite_writes: SqliteWrites | None = None
+        """SQLite's write transactions of this process (`store.sqlite_writes`)."""
         self.stalls: StallWatch | None = None
         """PostgreSQL's round trips in flight, and their cutting when silent."""
         if self.url.startswith("sqlite"):
-            self.engine = _sqlite_engine(self.url, _busy_timeout())
-            # Writers that take SQLite's lock only if it is free now (`impatient`).
-            self._impatient_writer = self.engine.execution_options(
-                **{_WRITE: True, _IMPATIENT: True}
+            busy_timeout = _busy_timeout()
+            self.engine = _sqlite_engine(self.url, busy_timeout)
+            self._sqlite_writes = SqliteWrites(
+                _sqlite_engine(self.url, busy_timeout, waits=False), busy_timeout=busy_timeout
             )
         else:
             # Enough pooled connections for every I/O thread of a worker: a
@@ -346,6 +340,14 @@ class Database:
         return self.engine.dialect.name == "sqlite"
 
     @property
+    def engines(self) -> tuple[Engine, ...]:
+        """Every engine of this store, for a listener of their events: the reads' (and
+        PostgreSQL's writes'), and on SQLite the write transactions' own."""
+        if self._sqlite_writes is None:
+            return (self.engine,)
+        return (self.engine, self._sqlite_writes.engine)
+
+    @property
     def writer(self) -> Engine:
         """The engine `write()` uses: on SQLite, its transactions take the write lock at BEGIN
         (waiting up to the busy timeout for it), so one that reads first cannot fail later."""
@@ -354,10 +356,15 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One transaction, committed on exit, rolled back on an exception."""
-        engine = self._write_engine()
+        if self._sqlite_writes is not None:
+            # The session joins the transaction, which commits it: flushed, nothing more.
+            with self.transaction() as conn, Session(bind=conn, expire_on_commit=False) as s:
+                yield s
+                s.flush()
+            return
         with (
-            self.reachable(busy=engine is self._impatient_writer),
-            Session(engine, expire_on_commit=False) as session,
+            self.reachable(),
+            Session(self._writer, expire_on_commit=False) as session,
             session.begin(),
         ):
             yield session
@@ -377,8 +384,17 @@ class Database:
     def transaction(self) -> Iterator[Connection]:
         """A write transaction on a bare connection: for the statements every turn runs,
         where an ORM session would cost more than the SQL."""
-        engine = self._write_engine()
-        with self.reachable(busy=engine is self._impatient_writer), engine.begin() as conn:
+        if self._sqlite_writes is None:
+            with self.reachable(), self._writer.begin() as conn:
+                yield conn
+            return
+        impatient = _impatient.get()
+        if impatient:
+            _impatient.set(False)  # the call's first write only: see `impatient`
+        with (
+            self.reachable(busy=impatient),
+            self._sqlite_writes.transaction(impatient=impatient) as conn,
+        ):
             yield conn
 
     @contextmanager
@@ -406,15 +422,11 @@ class Database:
             _raise_unkeepable(exc)
             raise
 
-    def _write_engine(self) -> Engine:
-        if self._impatient_writer is not None and _impatient.get():
-            _impatient.set(False)  # the call's first write only: see `impatient`
-            return self._impatient_writer
-        return self._writer
-
     def dispose(self) -> None:
         if self.stalls is not None:
             self.stalls.close()
+        if self._sqlite_writes is not None:
+            self._sqlite_writes.engine.dispose()
         self.engine.dispose()
 
     def __repr__(self) -> str:

@@ -6,7 +6,8 @@ write lock is free right now (a fraction of a millisecond, and no thread
 handoffs: about 1.3x the turns per second); when another process holds the
 lock, its first write fails at once, having done nothing (`store.StoreBusy`,
 `store.db.impatient`), and the call waits for the lock on a thread instead:
-a long transaction elsewhere never stops the loop.
+a long transaction elsewhere never stops the loop. This process's own writers
+are waited for, one short transaction each (`store.sqlite_writes`).
 """
 
 from __future__ import annotations

@@ -233,8 +233,10 @@ def statements(db: Database) -> Iterator[list[str]]:
     def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         seen.append(statement)
 
-    event.listen(db.engine, "before_cursor_execute", note)
+    for engine in db.engines:
+        event.listen(engine, "before_cursor_execute", note)
     try:
         yield seen
     finally:
-        event.remove(db.engine, "before_cursor_execute", note)
+        for engine in db.engines:
+            event.remove(engine, "before_cursor_execute", note)

@@ -374,13 +374,15 @@ async def test_accepting_an_answer_reads_no_transcript_it_is_applied_once_by_the
         statements.append(statement)
 
     # When an answer is accepted (checked against the request's calls, by id)
-    event.listen(db.engine, "before_cursor_execute", seen)
+    for engine in db.engines:
+        event.listen(engine, "before_cursor_execute", seen)
     try:
         accept_answer(db, results(turn.pending.id, c1="one", c2="two"))
         with pytest.raises(ResumeError):
             accept_answer(db, results(turn.pending.id, c9="unknown"))
     finally:
-        event.remove(db.engine, "before_cursor_execute", seen)
+        for engine in db.engines:
+            event.remove(engine, "before_cursor_execute", seen)
 
     # Then the transcript was neither read nor written: however long the
     # conversation, an answer costs the same, and only the task applies it

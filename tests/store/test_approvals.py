@@ -337,7 +337,8 @@ async def test_the_application_never_updates_or_deletes_a_decision(db: Database)
     def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         statements.append(statement.lower())
 
-    event.listen(db.engine, "before_cursor_execute", seen)
+    for engine in db.engines:
+        event.listen(engine, "before_cursor_execute", seen)
     try:
         refunds = Refunds()
         rid = await refunds.halt(
@@ -349,7 +350,8 @@ async def test_the_application_never_updates_or_deletes_a_decision(db: Database)
         accept_answer(db, approve(rid), decider=BOB)
         await refunds.finish(db, rid)
     finally:
-        event.remove(db.engine, "before_cursor_execute", seen)
+        for engine in db.engines:
+            event.remove(engine, "before_cursor_execute", seen)
 
     touching = [s for s in statements if "relayq_decisions" in s]
     assert touching, "the trail was written"

@@ -186,11 +186,13 @@ def test_the_active_batches_are_read_by_the_status_index_among_100k_runs(db: Dat
     # When a worker looks for them, as it does every two seconds
     seen: list[tuple[str, Any]] = []
     note = lambda conn, cursor, sql, params, *rest: seen.append((sql, params))  # noqa: E731
-    event.listen(db.engine, "before_cursor_execute", note)
+    for engine in db.engines:
+        event.listen(engine, "before_cursor_execute", note)
     try:
         found = active_batch_queues(db, under=["relayq.turns"])
     finally:
-        event.remove(db.engine, "before_cursor_execute", note)
+        for engine in db.engines:
+            event.remove(engine, "before_cursor_execute", note)
 
     # Then it finds the three, in one statement that reads the runs by their status index:
     # the unfinished ones only, never the 99,970 finished

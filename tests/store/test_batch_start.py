@@ -44,7 +44,8 @@ class Died(Exception):
 def commits(db: Database) -> list[int]:
     """A list that counts the store's commits while the test runs."""
     seen: list[int] = []
-    event.listen(db.engine, "commit", lambda conn: seen.append(1))
+    for engine in db.engines:
+        event.listen(engine, "commit", lambda conn: seen.append(1))
     return seen
 
 

@@ -56,15 +56,15 @@ def transactions(db: Database) -> Iterator[list[list[str]]]:
     def rollback(conn: Any) -> None:
         current.clear()
 
-    event.listen(db.engine, "before_cursor_execute", note)
-    event.listen(db.engine, "commit", commit)
-    event.listen(db.engine, "rollback", rollback)
+    hooks = (("before_cursor_execute", note), ("commit", commit), ("rollback", rollback))
+    listeners = [(engine, name, fn) for engine in db.engines for name, fn in hooks]
+    for listener in listeners:
+        event.listen(*listener)
     try:
         yield done
     finally:
-        event.remove(db.engine, "before_cursor_execute", note)
-        event.remove(db.engine, "commit", commit)
-        event.remove(db.engine, "rollback", rollback)
+        for listener in listeners:
+            event.remove(*listener)
 
 
 def writes(done: list[list[str]]) -> list[list[str]]:

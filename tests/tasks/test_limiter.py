@@ -327,7 +327,8 @@ async def test_an_eager_run_goes_back_in_line_for_its_provider_and_finishes(
                 rows = multiparams or [params]
                 countdowns.extend(float(r.get("countdown") or 0) for r in rows if r)
 
-        event.listen(client.db.engine, "after_execute", queued)
+        for engine in client.db.engines:
+            event.listen(engine, "after_execute", queued)
 
         # When it runs two turns
         result = await client.run(agent, "go")
