@@ -27,6 +27,8 @@ from tests.postgres_server import PrivatePostgres
 from .conftest import SUBMITTER, Broker, Eventually, Worker, serving
 from .test_store_outage import _env, all_finished, check_runs, in_flight, outlive, tool_attempts
 
+START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
+
 
 @dataclass
 class Hung:

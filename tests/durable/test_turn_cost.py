@@ -35,6 +35,8 @@ from tests.ports import free_port
 from .conftest import Worker
 from .store_counter import SWITCH, shape, store_calls
 
+ONE_LANE = True  # tests/conftest.py: the worker's runs, once (per store) for the module's tests
+
 TURNS = 3
 
 # Each shape's most in one three-turn run, and what it is for. Three turns: three claims,
