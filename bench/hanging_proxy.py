@@ -79,8 +79,12 @@ class HangingProxy:
         self._loop.call_soon_threadsafe(setattr, self, "_holing", False)
 
     def slow(self, seconds: float) -> None:
-        """Hold every chunk `seconds` before passing it on, each way."""
-        self._loop.call_soon_threadsafe(setattr, self, "_delay", seconds)
+        """Hold every chunk `seconds` before passing it on, each way: from the next chunk
+        read once this returns."""
+        self._call(self._set_delay(seconds))
+
+    async def _set_delay(self, seconds: float) -> None:
+        self._delay = seconds
 
     def fast(self) -> None:
         self.slow(0.0)

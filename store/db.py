@@ -33,7 +33,7 @@ from sqlmodel import Session, create_engine
 
 from relayq import UnstorableInput
 from store.errors import StoreBusy, StoreUnavailable
-from store.sqlite_writes import SqliteWrites
+from store.sqlite_writes import SqliteWrites, locked
 from store.stalls import UNBOUNDED, StallWatch
 
 __all__ = [
@@ -177,8 +177,7 @@ def _driver_unavailable(exc: DBAPIError, address: str) -> StoreUnavailable | Non
     if silent is not None:
         return StoreUnavailable(address, silent)
     if isinstance(orig, sqlite3.OperationalError):
-        text = str(orig)
-        if "locked" in text or "busy" in text:
+        if locked(orig):
             return StoreUnavailable(address, "the database file is locked")
         return None
     state = getattr(orig, "sqlstate", None)
@@ -346,12 +345,6 @@ class Database:
         if self._sqlite_writes is None:
             return (self.engine,)
         return (self.engine, self._sqlite_writes.engine)
-
-    @property
-    def writer(self) -> Engine:
-        """The engine `write()` uses: on SQLite, its transactions take the write lock at BEGIN
-        (waiting up to the busy timeout for it), so one that reads first cannot fail later."""
-        return self._writer
 
     @contextmanager
     def write(self) -> Iterator[Session]:

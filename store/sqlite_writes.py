@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from sqlalchemy import Connection, Engine, RootTransaction
 from sqlalchemy.exc import OperationalError
 
-__all__ = ["SqliteWrites"]
+__all__ = ["SqliteWrites", "locked"]
 
 _EVERY: weakref.WeakSet[SqliteWrites] = weakref.WeakSet()
 
@@ -65,7 +65,7 @@ class SqliteWrites:
             except OperationalError as exc:
                 conn.close()
                 self._lock.release()
-                if impatient or not _locked(exc) or time.monotonic() >= deadline:
+                if impatient or not locked(exc.orig) or time.monotonic() >= deadline:
                     raise
             except BaseException:
                 conn.close()
@@ -81,8 +81,9 @@ class SqliteWrites:
         self.engine.dispose(close=False)
 
 
-def _locked(exc: OperationalError) -> bool:
-    text = str(exc.orig)
+def locked(orig: BaseException | None) -> bool:
+    """Whether SQLite's error says another connection holds the lock."""
+    text = str(orig)
     return "locked" in text or "busy" in text
 
 

@@ -123,7 +123,7 @@ class Monitor:
                 lua = command.get("client_type") == "lua"
                 self.commands.append(("lua " if lua else "") + command["command"])
         except (redis.RedisError, OSError, ValueError):
-            pass  # closed
+            return  # `close` shut the connection: the listening ends with it
 
     def close(self) -> None:
         self._monitor.__exit__(None, None, None)
@@ -164,7 +164,9 @@ async def _one_run(client: DurableClient, prompt: str) -> str:
 
 
 def _settled(monitor: Monitor, log: Path) -> None:
-    """Until neither the store calls nor the turn-bound commands have grown for a second."""
+    """Until neither the store calls nor the turn-bound commands have grown for a second:
+    the run's last writes (its sent-marks, batched) come after the host sees it done, and
+    nothing marks the last of them, so a quiet second is the sign."""
     seen = None
     while True:
         now = (len(store_calls(log)), sum(not _PERIODIC.match(c) for c in monitor.commands))

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from store import Database, StoreBusy, StoreUnavailable
 from store.db import impatient
@@ -99,10 +99,13 @@ def test_a_patient_write_waits_for_another_processs_lock_and_goes_through(
 def test_a_write_waiting_for_another_process_holds_up_none_of_its_own(
     db: Database, other_process_lock: sqlite3.Connection
 ):
-    # Given a thread of ours waiting for another process's lock
+    # Given a thread of ours waiting for another process's lock (told once it is locked)
+    refused = threading.Event()
+    for engine in db.engines:
+        event.listen(engine, "handle_error", lambda _context: refused.set())
     waiting = threading.Thread(target=_write, args=(db, "waiting"))
     waiting.start()
-    time.sleep(0.1)  # (it has asked at least once)
+    assert refused.wait(10)
 
     # When the loop's impatient write comes meanwhile
     # Then it is told at once the store is busy: the waiting thread holds no lock of ours

@@ -89,7 +89,6 @@ def test_a_command_that_timed_out_is_not_sent_again(private_redis: PrivateRedis,
 
         def held_once() -> None:
             proxy.slow(2.0)
-            time.sleep(0.1)  # (the proxy's loop takes the change)
             threading.Timer(0.5, proxy.fast).start()
 
         sync_client = redis.Redis.from_url(url, **bounds.options(url))
