@@ -29,7 +29,7 @@ import functools
 from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
-from sqlalchemy import bindparam
+from sqlalchemy import bindparam, or_
 from sqlmodel import Session
 
 from relayq import RelayqError
@@ -118,7 +118,9 @@ def transition(
     for source in sources:
         if not allowed(source, to):
             raise IllegalTransition(source, to)
-    where = [_RUNS.c.id == bindparam("rid"), _RUNS.c.status.in_(sources)]
+    # Comparisons, not IN: an IN list is an "expanding" parameter, its SQL rendered again
+    # on every execution, and every turn runs two of these (issue 38).
+    where = [_RUNS.c.id == bindparam("rid"), or_(*(_RUNS.c.status == s for s in sources))]
     if versioned:
         where.append(_RUNS.c.version == bindparam("v"))
     values: dict[str, Any] = {
