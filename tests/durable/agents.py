@@ -262,7 +262,10 @@ def hold(args: dict[str, Any], ctx: ToolContext) -> str:
     deadline = time.monotonic() + 20
     while not gate.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    return "held"
+    # How it ended: a run that ends only because the tool gave up proves no release.
+    ended = "released" if gate.exists() else "never released"
+    note("tool", f"hold {ctx.run_id} {ended}")
+    return ended
 
 
 def holding_model(req: InProcessRequest) -> InProcessResponse:

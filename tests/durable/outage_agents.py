@@ -33,7 +33,8 @@ async def held_model(req: InProcessRequest) -> InProcessResponse:
     while not gate.exists() and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.02)
     note("model-done", prompt)
-    return InProcessResponse(content="released")
+    # A run done by the deadline alone must not pass for one the test let go.
+    return InProcessResponse(content="released" if gate.exists() else "never released")
 
 
 held = Agent("held", held_model)

@@ -57,3 +57,4 @@ async def test_a_run_cancelled_while_its_tool_runs_stops_before_the_next_model_c
     assert res.text == ""
     assert durable.count("model", prompt) == 1
     assert durable.count("tool", f"hold {run_id}") == 1
+    assert durable.count("tool", f"hold {run_id} released") == 1, "the tool was let go"

@@ -263,6 +263,7 @@ def test_run_gives_up_after_its_timeout_with_a_non_zero_exit(
     finally:
         (durable.log / f"release-{run_id}").touch()  # let the held turn end
     settle(durable, run_id, "done")
+    assert durable.count("tool", f"hold {run_id} released") == 1, "the tool was let go"
 
 
 def test_a_failed_run_and_a_batch_of_one_job_say_so_in_the_singular(

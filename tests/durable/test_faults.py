@@ -21,7 +21,7 @@ import pytest
 
 from relayq import ResumeError, RunResult
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
-from store import Database, get_run, list_requests, transcript
+from store import Database, RunRow, get_run, list_requests, transcript
 from tasks import DurableClient, Settings
 from tests import forkserver
 from tests.brokers import PrivateRedis
@@ -47,16 +47,28 @@ def figures(durable: Durable, case: str, delays: list[float]) -> None:
         out.write(json.dumps(line) + "\n")
 
 
-def caught(db: Database, run_ids: list[str]) -> dict[str, int]:
+def caught(db: Database, run_ids: list[str], *, worker_pid: int | None = None) -> dict[str, int]:
     """Runs a death would strand: running ones, and pending ones whose answer is accepted
-    but not applied (run id -> version now)."""
+    but not applied (run id -> version now). With `worker_pid`, only runs that worker
+    process holds mid-turn: a killed worker's runs stay `running`, their claims naming
+    it, until a sweep, and killing the next worker would catch none of them."""
     held = {}
-    unapplied = {r.run_id for r in list_requests(db, status="answered", limit=1000)}
+    unapplied = (
+        set()
+        if worker_pid
+        else {r.run_id for r in list_requests(db, status="answered", limit=1000)}
+    )
     for run_id in run_ids:
         run = get_run(db, run_id)
-        if run.status == "running" or (run.status == "pending" and run_id in unapplied):
+        mid_turn = run.status == "running" and (worker_pid is None or claimed_by(run, worker_pid))
+        if mid_turn or (run.status == "pending" and run_id in unapplied):
             held[run_id] = run.version
     return held
+
+
+def claimed_by(run: RunRow, pid: int) -> bool:
+    """Whether the run's claim names the worker process `pid` (`host:pid:nonce`)."""
+    return run.worker is not None and run.worker.rsplit(":", 2)[-2] == str(pid)
 
 
 async def finished(client: DurableClient, run_id: str, timeout: float = 120.0) -> RunResult:
@@ -69,11 +81,14 @@ async def finished(client: DurableClient, run_id: str, timeout: float = 120.0) -
         await asyncio.sleep(0.1)
 
 
-async def until_caught(db: Database, run_ids: list[str], timeout: float = 20.0) -> dict[str, int]:
-    """The runs a death would strand, as soon as there are some; {} once all are finished."""
+async def until_caught(
+    db: Database, run_ids: list[str], timeout: float = 20.0, *, worker_pid: int | None = None
+) -> dict[str, int]:
+    """The runs a death would strand (`caught`), as soon as there are some; {} once all
+    are finished."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        held = caught(db, run_ids)
+        held = caught(db, run_ids, worker_pid=worker_pid)
         if held:
             return held
         if all(get_run(db, r).status == "done" for r in run_ids):
@@ -154,26 +169,30 @@ async def test_forty_runs_finish_once_each_though_their_worker_is_killed_again_a
         host = asyncio.create_task(answer_everything(client, set(run_ids)))
         watches = []
 
-        # When the worker is SIGKILLed five times, each time a supervisor starts another
-        for _ in range(KILLS):
-            # Kill the moment runs are caught mid-turn (not on a clock that may miss them).
-            held = await until_caught(db, run_ids)
-            if not held:
-                break  # every run finished already
+        # When the worker is SIGKILLed five times, each time a supervisor starts another,
+        # and each kill catches runs that worker holds mid-turn (not on a clock that may
+        # miss them, nor on runs an earlier death left `running`)
+        for kill in range(1, KILLS + 1):
+            assert spare.worker.proc is not None
+            held = await until_caught(db, run_ids, worker_pid=spare.worker.proc.pid)
+            assert held, f"kill {kill}: the worker held no run mid-turn"
             spare_workers.kill(spare)
             killed_at = time.monotonic()
             spare = spare_workers.restart(spare)
             watches.append(asyncio.create_task(moved_on(db, held, killed_at)))
 
         # Then every run caught by a death moved on within the bound ...
-        delays = [d for batch in await asyncio.gather(*watches) for d in batch]
+        caught_by_kill = await asyncio.gather(*watches)
+        deaths = len(caught_by_kill)
+        assert deaths == KILLS
+        delays = [d for batch in caught_by_kill for d in batch]
         figures(durable, "worker SIGKILLed 5 times during 40 runs", delays)
-        assert delays, "no kill caught a run mid-turn: the probe proved nothing"
         assert max(delays) < BOUND, sorted(delays)
 
-        # ... and all 40 finished, no transcript duplicated
+        # ... and all 40 finished, no transcript duplicated, no tool run more than once
+        # for each death
         for run_id in run_ids:
-            check_transcript(durable, db, await finished(client, run_id), deaths=KILLS)
+            check_transcript(durable, db, await finished(client, run_id), deaths=deaths)
         host.cancel()
 
 
@@ -188,19 +207,38 @@ async def test_a_retry_waiting_in_a_killed_worker_moves_on_within_the_bound(
         run_id = await client.start("later", prompt)
         await eventually(lambda: get_run(client.db, run_id).attempts == 1, what="the retry")
         version = get_run(client.db, run_id).version
+        await eventually(
+            lambda: holds_unacked(spare, run_id), what="the worker to hold the retry's message"
+        )
 
         # When the worker is SIGKILLed holding that message, and a new one starts
         spare_workers.kill(spare)
         killed_at = time.monotonic()
         spare = spare_workers.restart(spare)
 
-        # Then the message lost with it is sent again, and the run finishes
+        # Then the message lost with it (still unacknowledged) is sent again, and the run
+        # finishes
+        assert holds_unacked(spare, run_id), "the retry's message died with its worker"
         [delay] = await moved_on(client.db, {run_id: version}, killed_at)
         res = await client.result(run_id, wait=True, timeout=60)
     figures(durable, "worker SIGKILLed holding a queued run's retry message", [delay])
     assert delay < BOUND
     assert (res.status, res.text) == ("done", "came back")
     assert durable.count("model", prompt) == 2
+
+
+def holds_unacked(spare: Durable, run_id: str) -> bool:
+    """Whether a consumer holds a message of the run's, received and not acknowledged
+    (kombu's Redis transport keeps those in `unacked` until the ack), and none waits in
+    the turns queue."""
+    conn = spare.broker.client()
+    try:
+        unacked = conn.hvals(spare.settings.key_prefix + "unacked")
+        queued = conn.lrange(spare.settings.key_prefix + "relayq.turns", 0, -1)
+    finally:
+        conn.close()
+    label = f"run={run_id} ".encode()
+    return any(label in m for m in unacked) and not any(label in m for m in queued)
 
 
 GHOST = """

@@ -123,8 +123,8 @@ async def test_a_declined_refund_does_not_run_and_an_approved_one_runs_as_propos
 def test_an_order_number_comes_from_the_prompt_or_stably_from_its_text():
     assert json.loads(lookup_order({"order": "1042"}, None)) == order_record("1042")  # type: ignore[arg-type]
     assert order_of("refund order 1042 please") == "1042"
-    assert order_of("refund my lamp") == order_of("refund my lamp")
-    assert order_of("refund my lamp").isdigit()
+    # The same in every process and release: a salted hash() would differ between runs.
+    assert order_of("refund my lamp") == "2029"
 
 
 def test_the_model_is_offline_unless_a_real_one_is_named(monkeypatch: pytest.MonkeyPatch):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -251,12 +252,13 @@ async def test_a_probe_whose_caller_died_is_taken_over_when_its_lease_runs_out(p
     # Then the other client is kept back while the lease holds, and probes after it
     with pytest.raises(ProviderDown):
         await two.admit(short)
-    ticket = await take_probe(two, short)
-    assert ticket.probe
+    await take_probe(two, short)
+    with pytest.raises(ProviderDown):
+        await one.admit(short)  # the probe is the other's now
 
 
 async def test_a_run_keeps_the_moment_it_began_to_wait_until_the_circuit_closes(pair, views):
-    (one, _, _), (two, _, _) = pair
+    (one, _, woken), (two, _, _) = pair
     assert await one.waiting(LIMITS.key, "run-x", None) is None, "closed: nothing to wait for"
     provider = Provider(unreachable())
     with pytest.raises(ProviderDown):
@@ -271,6 +273,21 @@ async def test_a_run_keeps_the_moment_it_began_to_wait_until_the_circuit_closes(
     assert await two.still_waiting(LIMITS.key, "run-x")
     [view] = views("batch-9")
     assert (view.waiting, view.batch_since, view.provider) == (1, first.since, LIMITS.label)
+
+    # When a probe answers and the circuit closes
+    await one.answered(await take_probe(one))
+
+    # Then the run waits no more, is woken, and the moment is gone with the outage ...
+    assert not await two.still_waiting(LIMITS.key, "run-x")
+    assert woken.runs == ["run-x"]
+    assert await two.waiting(LIMITS.key, "run-x", "batch-9") is None
+    assert views("batch-9") == []
+    # ... so a wait in the next outage begins at its own moment
+    with pytest.raises(ProviderDown):
+        await CircuitModel(provider, two, LIMITS)(REQUEST)
+    later = await one.waiting(LIMITS.key, "run-x", "batch-9")
+    assert later is not None
+    assert later.since > first.since
 
 
 async def test_the_prober_keeps_its_part_across_waits_and_another_run_takes_it_once_it_is_gone(
@@ -322,16 +339,41 @@ async def test_with_redis_unreachable_the_outage_error_stands_with_a_warning(
 
 
 def test_each_process_has_one_circuit_per_broker_and_none_without_redis(tmp_path, private_redis):
-    shared = Settings.from_env({"RELAYQ_BROKER_URL": private_redis.url, "RELAYQ_KEY_PREFIX": "a:"})
-    off = Settings.from_env(
-        {"RELAYQ_BROKER_URL": private_redis.url, "RELAYQ_PROVIDER_CIRCUIT": "0"}
-    )
+    def settings(**env: str) -> Settings:
+        return Settings.from_env(
+            {"RELAYQ_BROKER_URL": private_redis.url, "RELAYQ_KEY_PREFIX": "a:", **env}
+        )
+
+    shared = settings()
+    other_broker = settings(RELAYQ_BROKER_URL=private_redis.url.rsplit("/", 1)[0] + "/1")
+    other_prefix = settings(RELAYQ_KEY_PREFIX="b:")
+    off = settings(RELAYQ_PROVIDER_CIRCUIT="0")
     unstarted = Settings.from_env({"RELAYQ_HOME": str(tmp_path)})
 
-    assert isinstance(circuit_for(shared), RedisCircuit)
-    assert circuit_for(shared) is circuit_for(shared)
+    mine = circuit_for(shared)
+    assert isinstance(mine, RedisCircuit)
+    assert circuit_for(settings()) is mine, "the same settings, read again"
+    on_db_1, under_b = circuit_for(other_broker), circuit_for(other_prefix)
+    assert isinstance(on_db_1, RedisCircuit)
+    assert isinstance(under_b, RedisCircuit)
+    assert len({id(mine), id(on_db_1), id(under_b)}) == 3, "one circuit per broker and prefix"
+    assert (on_db_1.url, under_b.prefix) == (other_broker.redis_url, "b:")
     assert not isinstance(circuit_for(off), RedisCircuit), "switched off"
     assert not isinstance(circuit_for(unstarted), RedisCircuit), "no broker running"
+    assert in_a_fork(lambda: circuit_for(shared) is not mine), "a forked process has its own"
+
+
+def in_a_fork(check: Callable[[], bool]) -> bool:
+    """`check()` in a forked child of this process (exit status 0 for true)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if check() else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 async def test_a_worker_logs_one_line_per_change_it_sees(private_redis, prefix, caplog):
