@@ -37,7 +37,7 @@ from store.models import DecisionRow
 
 __all__ = ["BulkBody", "DecisionBody", "DecisionOut", "decider_of", "router"]
 
-router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 422, 503))
+router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 403, 422, 503))
 
 
 class DecisionBody(BaseModel):

@@ -1,9 +1,11 @@
 """API tokens, roles and groups.
 
 `RELAYQ_API_TOKENS` holds comma-separated `name:role:token` entries, each
-optionally followed by `:groups`, the holder's groups separated by `|`:
+optionally followed by `:groups`, the holder's groups separated by `|` (for a `host`,
+the relay tools it may serve, `*` for all):
 
     RELAYQ_API_TOKENS="vic:viewer:t0k-v,alice:approver:s3cret:finance|ops,sam:submitter:t0k-s"
+    RELAYQ_API_TOKENS="laptop:host:t0k-h:shell|browser_click,farm:host:t0k-f:*"
 
 A token may contain neither `:` nor `,`; a group neither `|`, `:` nor `,`. The
 name is recorded as `answered_by` on every answer; the groups say which
@@ -15,6 +17,7 @@ grants permissions:
 | `viewer` | yes | | |
 | `approver` | yes | yes | |
 | `submitter` | yes | | yes |
+| `host` | | its tools' relay calls, leased (`api._relay`) | |
 
 The JSON API takes a token only as `Authorization: Bearer <token>`; the
 inbox's cookie is no credential there, so a page that makes the browser send
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated
@@ -42,31 +45,34 @@ __all__ = [
     "ROLES",
     "URL_TOKENS",
     "Answerer",
+    "Host",
     "Permission",
     "Principal",
     "Reader",
     "Submitter",
     "Tokens",
     "forbidden",
+    "forbidden_tools",
     "refuse_tokens_in_url",
     "require",
     "unauthorized",
 ]
 
-ROLES = ("viewer", "approver", "submitter")
+ROLES = ("viewer", "approver", "submitter", "host")
 
 URL_TOKENS = frozenset({"token", "access_token", "api_key", "api_token"})
 """Query parameters that would carry a token in the URL: refused."""
 
-_FORMAT = "name:role:token or name:role:token:group|group"
+_FORMAT = "name:role:token or name:role:token:group|group (a host's: tool|tool, or *)"
 
 
 class Permission(Enum):
     """What a route needs; the value is the roles that have it."""
 
-    READ = frozenset(ROLES)
+    READ = frozenset({"viewer", "approver", "submitter"})
     ANSWER = frozenset({"approver"})
     SUBMIT = frozenset({"submitter"})
+    LEASE = frozenset({"host"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +84,8 @@ class Principal:
     role: str
     groups: tuple[str, ...] = ()
     """The holder's groups, in the order configured; empty for a three-field entry."""
+    tools: frozenset[str] | None = frozenset()
+    """The relay tools a `host` may serve (None: every tool, `*`); none for other roles."""
 
     def may(self, permission: Permission) -> bool:
         return self.role in permission.value
@@ -117,8 +125,16 @@ def _entry(n: int, entry: str) -> tuple[Principal, str]:
             f"{', '.join(ROLES)}); write {_FORMAT}"
         )
     where = f"entry {n} ({name})"
-    groups = _groups(fields[3], where) if len(fields) == 4 else ()
-    return Principal(name=name, role=role, groups=groups), token
+    listed = _groups(fields[3], where) if len(fields) == 4 else ()
+    if role == "host":
+        if not listed:
+            raise ValueError(
+                f"RELAYQ_API_TOKENS {where}: a host names the tools it serves in its fourth "
+                "field (tool|tool, or * for all)"
+            )
+        tools = None if listed == ("*",) else frozenset(listed)
+        return Principal(name=name, role=role, tools=tools), token
+    return Principal(name=name, role=role, groups=listed), token
 
 
 class Tokens:
@@ -205,3 +221,13 @@ def require(permission: Permission) -> Callable[..., Principal]:
 Reader = Annotated[Principal, Depends(require(Permission.READ))]
 Answerer = Annotated[Principal, Depends(require(Permission.ANSWER))]
 Submitter = Annotated[Principal, Depends(require(Permission.SUBMIT))]
+Host = Annotated[Principal, Depends(require(Permission.LEASE))]
+
+
+def forbidden_tools(who: Principal, tools: Iterable[str]) -> None:
+    """403 unless the host `who` may serve every one of `tools`."""
+    if who.tools is None:
+        return
+    refused = sorted(set(tools) - who.tools)
+    if refused:
+        raise HTTPException(403, f"host {who.name!r} may not serve {', '.join(refused)}")

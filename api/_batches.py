@@ -35,7 +35,7 @@ __all__ = ["MAX_JOBS", "NewBatch", "router"]
 MAX_JOBS = 10_000
 """Jobs one request may start; more go in further posts of the same batch id."""
 
-router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 422, 503))
+router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 403, 422, 503))
 
 
 class NewJob(BaseModel):

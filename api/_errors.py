@@ -31,6 +31,7 @@ from relayq import (
     UnstorableInput,
 )
 from store import JobChanged, JobExists, StoreUnavailable, UnknownBatch, UnknownRun
+from store.leases import LeaseLost, LeaseRefused, UnknownLease
 from store.paging import BadQuery
 
 __all__ = [
@@ -50,6 +51,9 @@ _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
     (UnknownBatch, 404),
     (JobChanged, 409),
     (JobExists, 409),
+    (UnknownLease, 404),
+    (LeaseLost, 409),
+    (LeaseRefused, 403),
     (UnknownAgent, 404),
     (NotAnApprover, 403),
     (NotAnApproval, 409),

@@ -238,8 +238,12 @@ Answering = Annotated[Principal, Depends(_form(Permission.ANSWER))]
 async def login(
     request: Request, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/"
 ) -> Response:
-    if request.app.state.tokens.lookup(token) is None:
+    who = request.app.state.tokens.lookup(token)
+    if who is None:
         return login_page(request, error="Unknown token.", status=401, next=next)
+    if not who.may(Permission.READ):
+        # A host's token serves relay calls over the API; it opens no inbox.
+        return login_page(request, error="This token cannot open the inbox.", status=403, next=next)
     response = RedirectResponse(safe_next(next), status_code=303)
     _set_cookie(request, response, COOKIE, token)
     response.delete_cookie(LOGIN_COOKIE, path="/")

@@ -62,7 +62,7 @@ class Cancelled(_Camel):
     """`cancelled`, a finished status, or `running` until the run's next boundary."""
 
 
-router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 422, 503))
+router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 403, 422, 503))
 
 
 @router.post("/runs", status_code=201, responses=refusals(400, 403, 404, 409, 413))

@@ -49,6 +49,7 @@ from api._inbox_lists import router as inbox_lists_router
 from api._inbox_pages import router as inbox_pages_router
 from api._limits import BodyLimit, body_limit, invalid_body, keepable_url
 from api._metrics import router as metrics_router
+from api._relay import router as relay_router
 from api._routes import router as api_router
 from api._security import SecurityHeaders, Signer, secret_from
 from relayq import RelayqError
@@ -106,6 +107,7 @@ def create_app(
     app.include_router(api_router)
     app.include_router(approvals_router)
     app.include_router(batches_router)
+    app.include_router(relay_router)
     app.include_router(inbox_router)
     app.include_router(inbox_lists_router)
     app.include_router(inbox_pages_router)

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from cli import approvals, batch, batches, host, processes, request_commands
+from cli import approvals, batch, batches, host, processes, relay_host, request_commands
 
 __all__ = ["app", "main"]
 
@@ -67,6 +67,7 @@ app.command()(processes.flower)
 app.command()(processes.demo)
 # Runs
 app.command()(host.run)
+app.command("host")(relay_host.serve)
 batch_app = typer.Typer(
     cls=batches.BatchGroup,
     no_args_is_help=True,

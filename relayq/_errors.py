@@ -36,6 +36,11 @@
     ├── UnknownBatch         no batch has that id (store.batches)
     ├── JobChanged           a batch's rerun changes a job's prompt, or its agent (store.batches)
     ├── JobExists            a run names a job its batch already ran (store.errors)
+    ├── UnknownLease         no lease of a relay call has that id (store.leases)
+    ├── LeaseLost            a lease that no longer holds its call: `.reason` expired,
+    │                        released, superseded, done or ended (store.leases)
+    ├── LeaseRefused         another holder's lease, or one of a tool the caller may not
+    │                        serve (store.leases)
     ├── BadQuery             a listing's filter, sort, page size or cursor refused (store.paging)
     ├── StaleClaim           a turn lost its claim on its run; it writes nothing (store.errors)
     ├── StoreUnavailable     the store cannot be reached or take the call now; try again
@@ -45,12 +50,14 @@
     ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
     ├── BadHook              not a RunHooks, or a hook name that does not load (tasks.hooks)
     ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.host.client)
+    ├── HostRefused          the API refused a relay host for good: a bad token, a tool it
+    │                        may not serve (relayq.hosts)
     └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)
 
 The API and the CLI choose a status code and a message from an error's type
-alone: UnknownRequest, UnknownRun, UnknownBatch and UnknownAgent are 404;
-NotAnApprover 403; RequestClosed, CallAnswered, NotAnApproval, AlreadyVoted,
-BulkRefused, ConversationBusy, JobChanged and JobExists 409;
+alone: UnknownRequest, UnknownRun, UnknownBatch, UnknownAgent and UnknownLease are 404;
+NotAnApprover and LeaseRefused 403; RequestClosed, CallAnswered, NotAnApproval, AlreadyVoted,
+BulkRefused, ConversationBusy, JobChanged, JobExists and LeaseLost 409;
 AnswerTooLarge and InputTooLarge 413; every other ResumeError, UnstorableInput and
 BadQuery 422; StoreUnavailable 503, with Retry-After.
 

@@ -10,11 +10,12 @@ once, replacing the placeholders, and queues the next turn.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
-from sqlalchemy import or_
+from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from relayq import (
@@ -44,7 +45,7 @@ from store.budgets import budget_answered
 from store.db import Database
 from store.events import emit_about
 from store.messages import conversation, write_messages
-from store.models import OutboxRow, RequestRow, RunRow, utcnow
+from store.models import OutboxRow, RelayCallRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
 from store.paging import MAX_PAGE
 from store.requests import (
@@ -63,6 +64,7 @@ __all__ = [
     "Accepted",
     "BulkChoice",
     "accept_answer",
+    "accept_in",
     "accept_many",
     "apply_answer_of",
     "bulk_choice",
@@ -231,7 +233,11 @@ def _accept(
     merged = _merge(request, previous, answer)
     complete = _complete(request, merged, partial=partial)
     outcome: Outcome = "answered" if answer.ok else "declined"
-    record_decision(s, row, who, outcome, now=now, reason=answer.reason)
+    given = _given(request, answer)
+    record_decision(s, row, who, outcome, now=now, reason=answer.reason, call_ids=given)
+    if given:
+        # Hosts lease those calls no more, and a lease held on one ends (`store.leases`).
+        _have_results(s, row.id, relay_results_of(request, merged, partial=True))
     row.revision += 1
     if not complete:
         row.answer = merged.model_dump(mode="json")
@@ -239,6 +245,31 @@ def _accept(
         return Accepted(run_id=row.run_id, complete=False, outbox=[])
     outbox = _resolve(s, row, merged, outcome, who, now)
     return Accepted(run_id=row.run_id, complete=True, outbox=outbox)
+
+
+def accept_in(
+    s: Session, answer: Answer, who: Decider, *, partial: bool, now: datetime
+) -> Accepted:
+    """`accept_answer` in the caller's write transaction (a leased call's result)."""
+    check_answer(answer, answered_by=who.name)
+    return _accept(s, answer, who, partial=partial, now=now, decision=False)
+
+
+def _given(request: Request, answer: Answer) -> list[str] | None:
+    """The calls a relay request's answer gives results to (a decline: every call)."""
+    if not is_relay_request(request):
+        return None
+    if not answer.ok:
+        return [c.id for c in relay_calls_of(request)]
+    return list(relay_results_of(request, answer, partial=True))
+
+
+def _have_results(s: Session, request_id: str, results: Collection[str]) -> None:
+    s.exec(
+        update(RelayCallRow)
+        .where(col(RelayCallRow.request_id) == request_id, col(RelayCallRow.call_id).in_(results))
+        .values(answered=True, lease_id=None, holder=None, lease_until=None)
+    )
 
 
 def _resolve(

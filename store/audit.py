@@ -62,15 +62,21 @@ def record_decision(
     reason: str | None = None,
     arguments_hash: str | None = None,
     diff: dict[str, Any] | None = None,
+    call_ids: Sequence[str] | None = None,
 ) -> None:
-    """Append one decision on `row` to the trail, in the caller's transaction."""
+    """Append one decision on `row` to the trail, in the caller's transaction; `call_ids`:
+    the relay calls it gives results to (by default every call of the request)."""
     s.add(
         DecisionRow(
             request_id=row.id,
             run_id=row.run_id,
             agent=row.agent,
             tool=row.tool,
-            call_ids=[str(c.get("id")) for c in row.calls or []],
+            call_ids=(
+                list(call_ids)
+                if call_ids is not None
+                else [str(c.get("id")) for c in row.calls or []]
+            ),
             actor=decider.name,
             role=decider.role,
             groups=list(decider.groups),

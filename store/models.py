@@ -13,9 +13,11 @@ __all__ = [
     "DeliveryAttemptRow",
     "DeliveryRow",
     "EventRow",
+    "LeaseRow",
     "LedgerRow",
     "MessageRow",
     "OutboxRow",
+    "RelayCallRow",
     "RequestRow",
     "RunRow",
     "RunState",
@@ -242,6 +244,50 @@ class VoteRow(SQLModel, table=True):
     reason: str | None = None
     step: int = 0
     at: datetime = _time(nullable=False)
+
+
+class RelayCallRow(SQLModel, table=True):
+    """A relay call of an open request, as hosts lease it (`store.leases`)."""
+
+    __tablename__ = "relayq_relay_calls"
+    __table_args__ = (
+        # The offer: a tool's calls without a result, oldest first.
+        Index("ix_relayq_relay_calls_offer", "name", "answered", "created_at"),
+    )
+
+    request_id: str = Field(primary_key=True)
+    call_id: str = Field(primary_key=True)
+    run_id: str = Field(index=True)
+    name: str
+    """The relay tool."""
+    answered: bool = False
+    """The call has its result (from a host or a person): never offered again."""
+    attempt: int = 0
+    """Leases of the call so far."""
+    lease_id: str | None = None
+    """Its live lease, if any (live until `lease_until`)."""
+    holder: str | None = None
+    """Who holds that lease: a host token's name."""
+    lease_until: datetime | None = _time()
+    created_at: datetime = _time(nullable=False)
+
+
+class LeaseRow(SQLModel, table=True):
+    """One lease of a relay call to a host, kept so a late caller learns why it lapsed."""
+
+    __tablename__ = "relayq_leases"
+
+    id: str = Field(primary_key=True)
+    request_id: str = Field(index=True)
+    call_id: str
+    holder: str
+    attempt: int
+    seconds: float
+    """The lease's length, which each heartbeat extends it by."""
+    status: str = "held"
+    """held | done | released (an expired or superseded lease stays `held`)"""
+    expires_at: datetime = _time(nullable=False)
+    created_at: datetime = _time(nullable=False)
 
 
 class DecisionRow(SQLModel, table=True):

@@ -18,7 +18,7 @@ from relayq.relay import is_relay_request, relay_calls_of
 from store.db import Database
 from store.events import emit_about
 from store.messages import storable_text
-from store.models import OutboxRow, RequestRow, RunRow, utcnow
+from store.models import OutboxRow, RelayCallRow, RequestRow, RunRow, utcnow
 from store.outbox import enqueue_turn, turn_label
 from store.request_listing import (
     RequestPage,
@@ -94,6 +94,13 @@ def open_request(
     if is_approval(request):
         _apply_policy(row, policy_of(request))
     s.add(row)
+    # Each relay call, as hosts lease it (`store.leases`).
+    for call in calls if relay else []:
+        s.add(
+            RelayCallRow(
+                request_id=row.id, call_id=call.id, run_id=run.id, name=call.name, created_at=now
+            )
+        )
     s.flush()
     expires = None if expires_at is None else expires_at.isoformat()
     emit_about(s, "request.opened", row, now=now, expiresAt=expires)

@@ -29,6 +29,7 @@ from relayq import (
 )
 from relayq import _errors as errors_module
 from store import StaleClaim, StoreUnavailable, UnknownRun
+from store.leases import LeaseLost, UnknownLease
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("relayq", "store", "tasks", "workers", "api", "cli")
@@ -97,6 +98,8 @@ ERRORS = [
     InputTooLarge("prompt", 10, 5),
     UnknownAgent("nobody", ("a", "b")),
     UnknownRun("run_1"),
+    UnknownLease("lease_1"),
+    LeaseLost("lease_1", "expired", "lease lease_1 of call c1 expired"),
     StaleClaim("run_1", 3),
     StoreUnavailable("postgresql+psycopg://relayq:***@db:5432/relayq", "connection refused", 2.0),
 ]
@@ -132,6 +135,8 @@ def test_the_subclasses_keep_their_bases_and_structured_fields():
         (RequestClosed("r", "answered"), 409),
         (CallAnswered("x", "r"), 409),
         (ConversationBusy("c", "r", "pending"), 409),
+        (UnknownLease("l"), 404),
+        (LeaseLost("l", "released", "released"), 409),
         (AnswerTooLarge("r", 2, 1), 413),
         (InputTooLarge("prompt", 2, 1), 413),
         (AnswerMismatch("x", "r"), 422),

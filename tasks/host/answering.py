@@ -89,7 +89,7 @@ class Answering:
             decision=decision,
         )
         via = decider.via if decider is not None else "python"
-        await self._decided([(reply, accepted)], since=since, via=via)
+        await self.decided([(reply, accepted)], since=since, via=via)
         await self.publish(accepted.outbox)
         return accepted.run_id
 
@@ -109,7 +109,7 @@ class Answering:
         accepted = await self.store(
             accept_many, self.db, [(r, seen.get(r.id)) for r in replies], decider=decider
         )
-        await self._decided(zip(replies, accepted, strict=True), since=since, via=decider.via)
+        await self.decided(zip(replies, accepted, strict=True), since=since, via=decider.via)
         await self.publish([row for a in accepted for row in a.outbox])
         return [a.run_id for a in accepted if a.complete]
 
@@ -139,7 +139,7 @@ class Answering:
         known = {rid: seen for rid, seen in revisions.items() if seen is not None}
         return await self.submit_many(answers, decider=decider, revisions=known)
 
-    async def _decided(
+    async def decided(
         self, decisions: Iterable[tuple[Answer, Accepted]], *, since: int, via: str
     ) -> None:
         """Tell the hooks of each answer the store took (`RequestDecided`)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -44,12 +44,14 @@ from store import (
     run_result,
 )
 from store.audit import Decider
+from store.leases import Lease
 from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
 from tasks.broker.dispatch import BrokerDispatch, Dispatch
 from tasks.broker.publish import sender_app
 from tasks.hooks import Hooks, Sending, hooks_named
 from tasks.host.answering import Answering, answer_to
+from tasks.host.leasing import Leasing
 from tasks.host.settling import Settling, Waiting
 from tasks.host.starting import Starting
 from tasks.host.waiting import RunWaiter, WaitTimeout
@@ -154,6 +156,12 @@ class DurableClient:
             self.settings, self.db, self.store, waiting=how, recheck_every=recheck_every
         )
         self._answers = Answering(self.settings, self.db, self.store, self.hooks, self._publish)
+        self._leases = Leasing(
+            self.db,
+            self.store,
+            self._answers,
+            lambda: self._waits.waiter_here() if self._waits.pushed else None,
+        )
 
     @property
     def waiting(self) -> Waiting:
@@ -445,6 +453,57 @@ class DurableClient:
         voted on since, not the decider's to decide) and nothing is changed.
         """
         return await self._answers.decide_many(revisions, decision, decider=decider, reason=reason)
+
+    async def lease_calls(
+        self,
+        tools: Collection[str] | None,
+        *,
+        holder: str,
+        limit: int = 10,
+        wait: float = 0.0,
+        lease: timedelta = timedelta(seconds=60),
+        gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[Lease]:
+        """Lease up to `limit` relay calls of `tools` (None: any) to `holder`, each until
+        its `expires_at`: the oldest calls of open requests with no result and no live
+        lease. With none to offer, wait up to `wait` seconds for one (woken by the
+        workers' announcements), or until `gone()` says the caller left.
+        """
+        return await self._leases.lease(
+            tools=tools, holder=holder, limit=limit, wait=wait, lease=lease, gone=gone
+        )
+
+    async def heartbeat_lease(
+        self, lease_id: str, *, holder: str, tools: Collection[str] | None = None
+    ) -> datetime:
+        """Extend `holder`'s lease by its length; returns when it now expires. LeaseLost
+        (nothing changed) for a lease that no longer holds, UnknownLease, or LeaseRefused
+        for another holder's lease or a tool outside `tools`."""
+        return await self._leases.heartbeat(lease_id, holder=holder, tools=tools)
+
+    async def release_lease(
+        self, lease_id: str, *, holder: str, tools: Collection[str] | None = None
+    ) -> None:
+        """Hand `holder`'s leased call back at once: it is offered again (as
+        `heartbeat_lease` refuses)."""
+        await self._leases.release(lease_id, holder=holder, tools=tools)
+
+    async def lease_result(
+        self,
+        lease_id: str,
+        *,
+        output: str,
+        is_error: bool = False,
+        host: Decider,
+        tools: Collection[str] | None = None,
+    ) -> str:
+        """Record the leased call's result, given by `host` (the lease's holder, as the
+        audit trail keeps it); the run goes on once every call of its request has one.
+        Returns the run id; refuses as `heartbeat_lease` does, and as `submit_answer`
+        does for an output the store cannot keep."""
+        return await self._leases.result(
+            lease_id, output=output, is_error=is_error, host=host, tools=tools
+        )
 
     async def run_with_answer(
         self,

@@ -89,6 +89,7 @@ class RunWaiter:
         self._woken: set[str] = set()
         self._everything = False
         self._due = asyncio.Event()
+        self._news = asyncio.Event()
         self._tasks = [_held(self.loop.create_task(self._check_forever()))]
         if self._url is not None:
             self._tasks.append(_held(self.loop.create_task(self._listen_forever(self._url))))
@@ -125,6 +126,12 @@ class RunWaiter:
                 raise WaitTimeout(run_id, status, timeout or 0.0) from None
         finally:
             self._forget(run_id, future)
+
+    def news(self) -> asyncio.Event:
+        """An event set by the next announcement of any run, or the next subscription
+        (what was announced meanwhile went unheard): a wait for work that any run's
+        settling may bring (a host waiting to lease relay calls)."""
+        return self._news
 
     def _unheard_since(self, run_id: str, mark: int | None) -> bool:
         """Whether `run_id` is sure to have gone unannounced since `mark`."""
@@ -245,6 +252,9 @@ class RunWaiter:
                 await pubsub.ping()
 
     def _take(self, message: dict[str, Any]) -> None:
+        if message["type"] in ("message", "subscribe"):
+            self._news.set()
+            self._news = asyncio.Event()
         if message["type"] == "message":
             run_ids = decode(message["data"])
             self._heard += 1

@@ -461,3 +461,27 @@ def _desk(name: str, quorum: int) -> Agent:
 
 desk = _desk("desk", 1)
 desk_pair = _desk("desk_pair", 2)
+
+
+# Relay tools a host serves over the API (`api._relay`, `relayq host`): the model asks
+# for `shell` with the prompt as its command (and `browser_click` too when the prompt
+# says "click"), then ends with what the host answered.
+def hosted_model(req: InProcessRequest) -> InProcessResponse:
+    outs = tool_outputs(req)
+    if outs:
+        return InProcessResponse(content=" | ".join(outs))
+    prompt = prompt_of(req)
+    asked = [InProcessToolCall(id="c1", name="shell", arguments={"cmd": prompt})]
+    if "click" in prompt:
+        asked.append(InProcessToolCall(id="c2", name="browser_click", arguments={"at": "#ok"}))
+    return InProcessResponse(tool_calls=asked)
+
+
+hosted = Agent(
+    "hosted",
+    hosted_model,
+    tools=[
+        relay_tool("shell", "runs a command on the host"),
+        relay_tool("browser_click", "clicks in the host's browser"),
+    ],
+)

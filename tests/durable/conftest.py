@@ -378,12 +378,14 @@ VIEWER, APPROVER, OTHER_APPROVER, SUBMITTER = (
     "tok-bob-1",
     "tok-sub-1",
 )
+HOST = "tok-host-1"
 TOKENS = (
     f"vic:viewer:{VIEWER},alice:approver:{APPROVER},"
-    f"bob:approver:{OTHER_APPROVER},sam:submitter:{SUBMITTER}"
+    f"bob:approver:{OTHER_APPROVER},sam:submitter:{SUBMITTER},hal:host:{HOST}:*"
 )
-"""The API's people most modules share: vic views, alice and bob approve, sam submits."""
-TOKEN_OF_ROLE = {"viewer": VIEWER, "approver": APPROVER, "submitter": SUBMITTER}
+"""The API's people most modules share: vic views, alice and bob approve, sam submits;
+and hal, a host of every relay tool."""
+TOKEN_OF_ROLE = {"viewer": VIEWER, "approver": APPROVER, "submitter": SUBMITTER, "host": HOST}
 
 
 @dataclass

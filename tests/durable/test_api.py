@@ -120,11 +120,16 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("POST", "/bulk/preview", "answer", {"data": {"action": "approve-selected", "ids": "req_x"}}),
     ("POST", "/bulk", "answer", {"data": {"decision": "approve", "items": "req_x:0"}}),
     ("POST", "/logout", "read", None),
+    ("POST", "/api/relay/leases", "lease", {"json": {"tools": ["lookup"]}}),
+    ("POST", f"/api/relay/leases/lease_{'0' * 32}/heartbeat", "lease", None),
+    ("POST", f"/api/relay/leases/lease_{'0' * 32}/result", "lease", {"json": {"output": "x"}}),
+    ("POST", f"/api/relay/leases/lease_{'0' * 32}/release", "lease", None),
 ]
 ROLES_WITH = {
     "read": {"viewer", "approver", "submitter"},
     "answer": {"approver"},
     "submit": {"submitter"},
+    "lease": {"host"},
 }
 WRONG_ROLES = [
     pytest.param(method, path, role, body, id=f"{method} {path} as {role}")
@@ -165,13 +170,22 @@ async def test_every_route_refuses_a_token_of_the_wrong_role_with_403_and_change
     if path.startswith("/api/"):
         async with api.http(TOKEN_OF_ROLE[role]) as http:
             res = await http.request(method, path, **(body or {}))
+    elif role not in ROLES_WITH["read"]:  # a token that may not read opens no inbox at all
+        async with api.http() as browser:
+            page = await browser.get("/")
+            login = {"token": TOKEN_OF_ROLE[role], "csrf_token": csrf_of(page.text)}
+            res = await browser.post("/login", data=login)
+            assert "cannot open the inbox" in res.text
+            assert (await browser.get("/")).status_code == 200, "still the login page"
+            assert "relayq_token" not in browser.cookies
     else:  # the inbox: a logged-in browser posting its page's form, CSRF token and all
         async with api.http() as browser:
             csrf = await log_in(browser, TOKEN_OF_ROLE[role])
             form = {**(body or {}).get("data", {}), "csrf_token": csrf}
             res = await browser.request(method, path, data=form)
     assert res.status_code == 403, res.text
-    assert role in res.json()["detail"]
+    if path.startswith("/api/") or role in ROLES_WITH["read"]:
+        assert role in res.json()["detail"]
     async with api.http(VIEWER) as viewer:
         assert (await viewer.get("/api/runs", params={"limit": 1000})).json() == before
 

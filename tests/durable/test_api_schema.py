@@ -24,7 +24,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api._auth import ROLES
+from api._auth import ROLES, Permission
+from api._relay import MAX_WAIT
 from tests.waiting import until
 
 from .conftest import TOKEN_OF_ROLE, ApiServer
@@ -97,6 +98,10 @@ schema = schemathesis.pytest.from_fixture("api_schema")
     suppress_health_check=list(HealthCheck),
 )
 def test_every_answer_is_documented_and_none_is_a_500(case: Case) -> None:
+    body = case.body if isinstance(case.body, dict) else {}
+    wait = body.get("wait")
+    if isinstance(wait, int | float) and 0 < wait <= MAX_WAIT:
+        body["wait"] = 0.1  # a host's long poll: its length is not what is checked here
     for role in ROLES:  # each case with each role's token: 2xx, 403 and 404 all come up
         case.call_and_validate(
             headers={"Authorization": f"Bearer {TOKEN_OF_ROLE[role]}"},
@@ -105,7 +110,7 @@ def test_every_answer_is_documented_and_none_is_a_500(case: Case) -> None:
         )
 
 
-@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("role", sorted(Permission.READ.value))
 async def test_the_event_stream_opens_as_documented_for_each_role(
     api: ApiServer, held: Held, role: str
 ) -> None:

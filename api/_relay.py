@@ -1,0 +1,139 @@
+"""Hosts lease relay calls over HTTP, run them, and give their results.
+
+    POST /api/relay/leases                     {"tools": ["shell"], "max": 10, "wait": 30,
+                                                "leaseSeconds": 60}  -> {"leases": [...]}
+    POST /api/relay/leases/{leaseId}/heartbeat                          -> {"expiresAt"}
+    POST /api/relay/leases/{leaseId}/result    {"output": "...", "isError": false}
+    POST /api/relay/leases/{leaseId}/release
+
+Only a `host` token may, and only for the tools its entry names (`api._auth`): any other
+tool is a 403. A lease asked for with nothing to offer is held open up to `wait` seconds
+and answered as soon as a call arrives. A result, heartbeat or release on a lease that
+no longer holds its call (expired, released, superseded, or its request answered,
+expired or cancelled meanwhile) is a 409 and changes nothing; an unknown lease, a 404.
+The rules are the store's: `store.leases`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from api._auth import Host, Principal, forbidden_tools
+from api._errors import refusals
+from api._limits import Keepable
+from api._state import client_of
+from store.audit import Decider
+from store.leases import Lease
+
+__all__ = ["LeaseAsk", "LeaseOut", "LeasePage", "ResultBody", "router"]
+
+router = APIRouter(
+    prefix="/api/relay", tags=["relay hosts"], responses=refusals(401, 403, 422, 503)
+)
+
+MAX_WAIT = 60.0
+"""Seconds a lease may be waited for in one request (a proxy's idle timeout is often 60)."""
+MAX_LEASES = 100
+
+LeaseId = Annotated[str, Path(max_length=100, pattern=r"^lease_[0-9a-f]{32}$")]
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True, extra="forbid"
+    )
+
+
+class LeaseAsk(_Camel):
+    """What a host asks for: calls of these tools, at most `max`, waiting up to `wait` s."""
+
+    tools: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        min_length=1, max_length=100
+    )
+    max: int = Field(default=10, ge=1, le=MAX_LEASES)
+    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT)
+    lease_seconds: float = Field(default=60.0, ge=1.0, le=3600.0)
+
+
+class LeaseOut(_Camel):
+    """One leased call."""
+
+    lease_id: str
+    request_id: str
+    run_id: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    attempt: int
+    """1 on the call's first lease; `runId:callId:attempt` names one try."""
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, lease: Lease) -> LeaseOut:
+        return cls.model_validate(lease, from_attributes=True)
+
+
+class LeasePage(_Camel):
+    leases: list[LeaseOut]
+
+
+class Expiry(_Camel):
+    expires_at: datetime
+
+
+class ResultBody(_Camel):
+    """The leased call's result."""
+
+    output: Keepable
+    is_error: bool = False
+
+
+class Recorded(_Camel):
+    run_id: str
+
+
+def _host(who: Principal) -> Decider:
+    return Decider(name=who.name, role=who.role, via="api")
+
+
+@router.post("/leases", responses=refusals(400))
+async def lease_calls(body: LeaseAsk, request: Request, who: Host) -> LeasePage:
+    """Lease up to `max` relay calls of these tools, each to this host alone until its
+    `expiresAt`; with none to offer, wait up to `wait` seconds for one."""
+    forbidden_tools(who, body.tools)
+    leases = await client_of(request).lease_calls(
+        body.tools,
+        holder=who.name,
+        limit=body.max,
+        wait=body.wait,
+        lease=timedelta(seconds=body.lease_seconds),
+        gone=request.is_disconnected,
+    )
+    return LeasePage(leases=[LeaseOut.of(lease) for lease in leases])
+
+
+@router.post("/leases/{lease_id}/heartbeat", responses=refusals(404, 409))
+async def heartbeat(lease_id: LeaseId, request: Request, who: Host) -> Expiry:
+    """Extend the lease by its length."""
+    until = await client_of(request).heartbeat_lease(lease_id, holder=who.name, tools=who.tools)
+    return Expiry(expires_at=until)
+
+
+@router.post("/leases/{lease_id}/result", responses=refusals(400, 404, 409, 413))
+async def result(lease_id: LeaseId, body: ResultBody, request: Request, who: Host) -> Recorded:
+    """Record the call's result; the run goes on once every call of its request has one."""
+    run_id = await client_of(request).lease_result(
+        lease_id, output=body.output, is_error=body.is_error, host=_host(who), tools=who.tools
+    )
+    return Recorded(run_id=run_id)
+
+
+@router.post("/leases/{lease_id}/release", status_code=204, responses=refusals(404, 409))
+async def release(lease_id: LeaseId, request: Request, who: Host) -> None:
+    """Hand the call back at once: it is offered again."""
+    await client_of(request).release_lease(lease_id, holder=who.name, tools=who.tools)

@@ -1,0 +1,27 @@
+"""Relay tools a `relayq host` process serves in the tests
+(`--tool shell=tests.durable.host_tools:shell`).
+
+Each execution is logged (`host.log` under RELAYQ_TEST_LOG: the call's key and the
+host's pid), so a test can tell a call run twice from one run again as a new attempt.
+A command `sleep N` holds the call N seconds first (a host killed while it runs).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from relayq.hosts import LeasedCall
+
+
+def shell(arguments: dict[str, Any], call: LeasedCall) -> str:
+    command = str(arguments.get("cmd", ""))
+    log = Path(os.environ["RELAYQ_TEST_LOG"]) / "host.log"
+    with log.open("a") as out:
+        out.write(f"{call.run_id} {call.call_id} {call.attempt} {os.getpid()}\n")
+    words = command.split()
+    if len(words) >= 2 and words[0] == "sleep":
+        time.sleep(float(words[1]))
+    return f"ran {command}"
