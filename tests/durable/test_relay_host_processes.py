@@ -1,0 +1,200 @@
+"""`relayq host` processes serving relay calls through the API: racing, killed, and
+outliving an API restart, on the session's worker and store.
+
+The agent `hosted` (tests.durable.agents) asks for `shell` with its prompt as the
+command; `tests.durable.host_tools.shell` logs each execution (run, call, attempt,
+pid) and holds the call first for a prompt `sleep N ...`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import forkserver
+from tests.ports import free_port
+from tests.processes import stop_group
+
+from .conftest import ROOT, SUBMITTER, TOKENS, VIEWER, ApiServer, Durable, Eventually, serve_api
+
+HOST_TOKEN = "tok-host-proc"
+HOST_TOKENS = f"{TOKENS},desk:host:{HOST_TOKEN}:shell"
+SHELL = "shell=tests.durable.host_tools:shell"
+
+
+@pytest.fixture(scope="module")
+def api(durable: Durable) -> Iterator[ApiServer]:
+    yield from serve_api(durable, HOST_TOKENS)
+
+
+class Hosts:
+    """`relayq host` processes a test starts, stopped after it."""
+
+    def __init__(self, durable: Durable, tmp_path: Path) -> None:
+        self.durable = durable
+        self.tmp_path = tmp_path
+        self.started: list[tuple[forkserver.Proc, Path]] = []
+
+    def start(self, url: str, *args: str) -> tuple[forkserver.Proc, Path]:
+        log = self.tmp_path / f"host-{len(self.started)}.log"
+        env = {
+            **self.durable.env,
+            "RELAYQ_API_URL": url,
+            "RELAYQ_API_TOKEN": HOST_TOKEN,
+            "PYTHONUNBUFFERED": "1",
+        }
+        with log.open("wb") as out:
+            proc = forkserver.spawn(
+                [sys.executable, "-m", "cli.main", "host", "--tool", SHELL, *args],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        self.started.append((proc, log))
+        deadline = time.monotonic() + 30
+        while b"serving shell" not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the host did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        return proc, log
+
+    def stop(self) -> None:
+        for proc, _ in self.started:
+            stop_group(proc)
+
+
+@pytest.fixture
+def hosts(durable: Durable, tmp_path: Path) -> Iterator[Hosts]:
+    started = Hosts(durable, tmp_path)
+    yield started
+    started.stop()
+
+
+def executions(durable: Durable, run_ids: set[str]) -> list[tuple[str, str, int, int]]:
+    """Each execution of a shell call of these runs: (run, call, attempt, host pid)."""
+    path = durable.log / "host.log"
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        run_id, call_id, attempt, pid = line.split()
+        if run_id in run_ids:
+            found.append((run_id, call_id, int(attempt), int(pid)))
+    return found
+
+
+async def all_done(api: ApiServer, run_ids: list[str]) -> bool:
+    async with api.http(VIEWER) as http:
+        for run_id in run_ids:
+            if (await http.get(f"/api/runs/{run_id}")).json()["status"] != "done":
+                return False
+    return True
+
+
+async def test_two_hosts_racing_over_200_calls_run_each_once(
+    api: ApiServer, hosts: Hosts, durable: Durable, eventually: Eventually, prompt: str
+):
+    # Given two host processes on the API
+    for _ in range(2):
+        hosts.start(api.url, "--concurrency", "16")
+
+    # When 200 runs each ask for one shell call
+    async with api.http(SUBMITTER) as http:
+        run_ids = []
+        for i in range(200):
+            res = await http.post("/api/runs", json={"agent": "hosted", "prompt": f"{prompt} {i}"})
+            run_ids.append(res.json()["id"])
+
+    # Then every run is done with its own output, each call run exactly once, on its
+    # first attempt, and both hosts took part
+    await eventually(lambda: all_done(api, run_ids), timeout=120, what="all 200 runs done")
+    ran = executions(durable, set(run_ids))
+    assert Counter((r, c) for r, c, _, _ in ran) == Counter({(r, "c1"): 1 for r in run_ids})
+    assert {attempt for _, _, attempt, _ in ran} == {1}
+    assert len({pid for _, _, _, pid in ran}) == 2
+    async with api.http(VIEWER) as http:
+        texts = {(await http.get(f"/api/runs/{r}")).json()["text"] for r in run_ids[:5]}
+    assert texts == {f"ran {prompt} {i}" for i in range(5)}
+
+
+async def test_a_host_killed_holding_calls_loses_them_to_another_after_its_lease(
+    api: ApiServer, hosts: Hosts, durable: Durable, eventually: Eventually, prompt: str
+):
+    # Given a host holding three calls in its tool (which holds a first attempt 60 s), on
+    # leases of two seconds
+    dying, _ = hosts.start(api.url, "--lease-seconds", "2")
+    async with api.http(SUBMITTER) as http:
+        run_ids = [
+            (
+                await http.post(
+                    "/api/runs", json={"agent": "hosted", "prompt": f"sleep 60 {prompt} {i}"}
+                )
+            ).json()["id"]
+            for i in range(3)
+        ]
+    await eventually(
+        lambda: len(executions(durable, set(run_ids))) == 3, what="the host to hold all three"
+    )
+
+    # When it is SIGKILLed, and another host serves the tool
+    os.killpg(dying.pid, signal.SIGKILL)
+    dying.wait()
+    survivor, _ = hosts.start(api.url)
+
+    # Then each call is run again there, its attempt 2, and every run finishes
+    await eventually(lambda: all_done(api, run_ids), timeout=60, what="the runs done")
+    ran = sorted(executions(durable, set(run_ids)))
+    assert [(attempt, pid) for _, _, attempt, pid in ran] == [
+        (1, dying.pid), (2, survivor.pid)
+    ] * 3  # fmt: skip
+
+
+async def test_hosts_waiting_on_an_api_that_restarts_serve_on_after_it(
+    api: ApiServer,
+    hosts: Hosts,
+    durable: Durable,
+    eventually: Eventually,
+    prompt: str,
+    tmp_path: Path,
+):
+    # Given an API process, and a host waiting on it for calls
+    port = free_port()
+    first = start_api(durable, port, tmp_path / "api-1.log")
+    try:
+        host, log = hosts.start(f"http://127.0.0.1:{port}")
+    finally:
+        # When the API stops under the host's long poll, and starts again on its port
+        stop_group(first)
+    await eventually(lambda: "the API is away" in log.read_text(), what="the host to notice")
+    second = start_api(durable, port, tmp_path / "api-2.log")
+    try:
+        # Then the host, the same process, serves a run started after
+        async with api.http(SUBMITTER) as http:
+            res = await http.post("/api/runs", json={"agent": "hosted", "prompt": prompt})
+        run_id = res.json()["id"]
+        await eventually(lambda: all_done(api, [run_id]), timeout=60, what="the run done")
+    finally:
+        stop_group(second)
+    assert host.poll() is None
+    assert [(c, a) for _, c, a, _ in executions(durable, {run_id})] == [("c1", 1)]
+
+
+def start_api(durable: Durable, port: int, log: Path) -> forkserver.Proc:
+    """`relayq api` as a process of its own, on `port`, serving HOST_TOKENS."""
+    env = {**durable.env, "RELAYQ_API_TOKENS": HOST_TOKENS, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        proc = forkserver.spawn(
+            [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while b"Application startup complete" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_group(proc)
+            pytest.fail(f"the API did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+    return proc
