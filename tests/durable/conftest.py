@@ -53,6 +53,7 @@ from tasks import DurableClient, Settings
 from tests.forkserver import Proc, spawn
 from tests.lanes import redis_db
 from tests.postgres_server import PrivatePostgres, postgres_binaries
+from tests.processes import stop_group
 from tests.waiting import until
 from workers.embedded import ensure_embedded_redis, stop_embedded_redis
 
@@ -439,6 +440,24 @@ def serve_api(durable: Durable, tokens: str = TOKENS) -> Iterator[ApiServer]:
 @pytest.fixture(scope="module")
 def api(durable: Durable) -> Iterator[ApiServer]:
     yield from serve_api(durable)
+
+
+def start_api_process(env: dict[str, str], port: int, log: Path) -> Proc:
+    """`relayq api` as a real process on `port`, its output (uvicorn's logs) in `log`;
+    the test fails if it does not start within 30 s."""
+    with log.open("wb") as out:
+        proc = spawn(
+            [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
+            cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while b"Application startup complete" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_group(proc)
+            pytest.fail(f"the API did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+    return proc
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, MutableMapping
@@ -34,13 +32,19 @@ from relayq.limits import (
 )
 from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
 from tasks import DurableClient
-from tests import forkserver
 from tests.durable.bad_input_agents import SYSTEM_PROMPT
 from tests.ports import free_port
 from tests.processes import stop_group
 from tests.provider_server import API_KEY, ProviderServer, Reply
 
-from .conftest import ROOT, ApiServer, Durable, SpareWorkers, serve_api, unique_name
+from .conftest import (
+    ApiServer,
+    Durable,
+    SpareWorkers,
+    serve_api,
+    start_api_process,
+    unique_name,
+)
 from .test_cli import halt_on_lookup, one_error_line, store_snapshot, stored_request
 
 ONE_LANE = True  # tests/conftest.py: its worker and provider, once per database
@@ -408,18 +412,8 @@ def api_process(durable: Durable, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """`relayq api` as a real process, its output (uvicorn's logs) in a file."""
     port = free_port()
     log = tmp_path / "api.log"
-    env = {**durable.env, "RELAYQ_API_TOKENS": TOKENS, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:
-        proc = forkserver.spawn(
-            [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    proc = start_api_process({**durable.env, "RELAYQ_API_TOKENS": TOKENS}, port, log)
     try:
-        deadline = time.monotonic() + 30
-        while b"Application startup complete" not in log.read_bytes():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the API did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.05)
         yield f"http://127.0.0.1:{port}", log
     finally:
         stop_group(proc)

@@ -23,7 +23,17 @@ from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
 
-from .conftest import ROOT, SUBMITTER, TOKENS, VIEWER, ApiServer, Durable, Eventually, serve_api
+from .conftest import (
+    ROOT,
+    SUBMITTER,
+    TOKENS,
+    VIEWER,
+    ApiServer,
+    Durable,
+    Eventually,
+    serve_api,
+    start_api_process,
+)
 
 HOST_TOKEN = "tok-host-proc"
 HOST_TOKENS = f"{TOKENS},desk:host:{HOST_TOKEN}:shell"
@@ -163,14 +173,14 @@ async def test_hosts_waiting_on_an_api_that_restarts_serve_on_after_it(
 ):
     # Given an API process, and a host waiting on it for calls
     port = free_port()
-    first = start_api(durable, port, tmp_path / "api-1.log")
+    first = start_api_process(api_env(durable), port, tmp_path / "api-1.log")
     try:
         host, log = hosts.start(f"http://127.0.0.1:{port}")
     finally:
         # When the API stops under the host's long poll, and starts again on its port
         stop_group(first)
     await eventually(lambda: "the API is away" in log.read_text(), what="the host to notice")
-    second = start_api(durable, port, tmp_path / "api-2.log")
+    second = start_api_process(api_env(durable), port, tmp_path / "api-2.log")
     try:
         # Then the host, the same process, serves a run started after
         async with api.http(SUBMITTER) as http:
@@ -183,18 +193,5 @@ async def test_hosts_waiting_on_an_api_that_restarts_serve_on_after_it(
     assert [(c, a) for _, c, a, _ in executions(durable, {run_id})] == [("c1", 1)]
 
 
-def start_api(durable: Durable, port: int, log: Path) -> forkserver.Proc:
-    """`relayq api` as a process of its own, on `port`, serving HOST_TOKENS."""
-    env = {**durable.env, "RELAYQ_API_TOKENS": HOST_TOKENS, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:
-        proc = forkserver.spawn(
-            [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while b"Application startup complete" not in log.read_bytes():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_group(proc)
-            pytest.fail(f"the API did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
-    return proc
+def api_env(durable: Durable) -> dict[str, str]:
+    return {**durable.env, "RELAYQ_API_TOKENS": HOST_TOKENS}
