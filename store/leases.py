@@ -132,6 +132,11 @@ def lease_calls(
     requests whose tool is in `tools` (None: any tool), with no result and no live lease."""
     now = now or utcnow()
     until = now + lease
+    # Hosts look often (on every run announcement, and each second): with nothing to
+    # offer, a read answers, and SQLite's write lock is not taken for it.
+    with db.read() as s:
+        if s.exec(_offer(tools, now, 1, skip_locked=False)).first() is None:
+            return []
     with db.write() as s:
         offered = s.exec(_offer(tools, now, limit, skip_locked=not db.is_sqlite)).all()
         if not offered:
