@@ -451,13 +451,19 @@ def start_api_process(env: dict[str, str], port: int, log: Path) -> Proc:
             cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while b"Application startup complete" not in log.read_bytes():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_group(proc)
-            pytest.fail(f"the API did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
+    try:
+        until(lambda: started(proc, log, b"Application startup complete"), what="the API to start")
+    except BaseException:
+        stop_group(proc)
+        raise
     return proc
+
+
+def started(proc: Proc, log: Path, line: bytes) -> bool:
+    """Whether the process has written `line` to its log; fails the test if it exited."""
+    if proc.poll() is not None:
+        pytest.fail(f"the process exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+    return line in log.read_bytes()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
+from tests.waiting import until
 
 from .conftest import (
     ROOT,
@@ -33,6 +33,7 @@ from .conftest import (
     Eventually,
     serve_api,
     start_api_process,
+    started,
 )
 
 HOST_TOKEN = "tok-host-proc"
@@ -67,11 +68,7 @@ class Hosts:
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.started.append((proc, log))
-        deadline = time.monotonic() + 30
-        while b"serving shell" not in log.read_bytes():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the host did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.05)
+        until(lambda: started(proc, log, b"serving shell"), what="the host to start")
         return proc, log
 
     def stop(self) -> None:
