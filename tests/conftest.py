@@ -127,6 +127,23 @@ def collected() -> Iterator[None]:
     gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def relayq_environment_kept() -> Iterator[None]:
+    """A test leaves the process's RELAYQ_* variables as it found them (`monkeypatch.setenv`
+    restores them): one it left changed sends the tests after it on its lane, and only
+    on that lane, to another log, store or broker."""
+    before = _relayq_environment()
+    yield
+    after = _relayq_environment()
+    if after != before:
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail(f"the test left {', '.join(changed)} changed in os.environ")
+
+
+def _relayq_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("RELAYQ_")}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def lane_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """RELAYQ_HOME for whatever a test starts without a home of its own: this lane's

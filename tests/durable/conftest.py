@@ -237,12 +237,17 @@ def durable(
         "RELAYQ_RETRY_BASE": "0.02",
         "RELAYQ_MODEL_RETRIES": "2",
     }
+    before = os.environ.get("RELAYQ_TEST_LOG")
     os.environ["RELAYQ_TEST_LOG"] = str(log)
     worker = Worker(env, home / "worker.log").start()
     try:
         yield Durable(env, Settings.from_env(env), log, worker, broker)
     finally:
         worker.stop()
+        if before is None:
+            os.environ.pop("RELAYQ_TEST_LOG", None)
+        else:
+            os.environ["RELAYQ_TEST_LOG"] = before
 
 
 @pytest.fixture
@@ -419,6 +424,9 @@ def serve_in_thread(app: FastAPI) -> Iterator[ApiServer]:
     try:
         yield ApiServer(url=f"http://127.0.0.1:{port}", app=app)
     finally:
+        closing = getattr(app.state, "closing", None)  # relayq's app (not another origin's)
+        if closing is not None:
+            closing.set()  # as `api.server` does on a signal: long polls answer now
         server.should_exit = True
         thread.join(timeout=15)
         # An event stream left open would hold the server up: none may be.

@@ -62,9 +62,11 @@ class Outage:
 
 
 @pytest.fixture
-def outage(tmp_path: Path) -> Iterator[Outage]:
+def outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Outage]:
     log = tmp_path / "log"
-    os.environ["RELAYQ_TEST_LOG"] = str(log)  # `release` writes the gates the worker reads
+    # `release` writes the gates the worker reads; restored after the test, as the tests
+    # after it on this lane record what they send under the session's log
+    monkeypatch.setenv("RELAYQ_TEST_LOG", str(log))
     redis = PrivateRedis(tmp_path / "redis").start()
     env = {
         **os.environ,
