@@ -26,9 +26,10 @@ from pydantic.alias_generators import to_camel
 from api._auth import Host, Principal, forbidden_tools
 from api._errors import refusals
 from api._limits import Keepable
-from api._state import client_of
+from api._state import client_of, closing
 from store.audit import Decider
 from store.leases import Lease
+from tasks.observability.metrics import hosts_waiting
 
 __all__ = ["LeaseAsk", "LeaseOut", "LeasePage", "ResultBody", "router"]
 
@@ -106,14 +107,20 @@ async def lease_calls(body: LeaseAsk, request: Request, who: Host) -> LeasePage:
     """Lease up to `max` relay calls of these tools, each to this host alone until its
     `expiresAt`; with none to offer, wait up to `wait` seconds for one."""
     forbidden_tools(who, body.tools)
-    leases = await client_of(request).lease_calls(
-        body.tools,
-        holder=who.name,
-        limit=body.max,
-        wait=body.wait,
-        lease=timedelta(seconds=body.lease_seconds),
-        gone=request.is_disconnected,
-    )
+
+    async def gone() -> bool:
+        """Stop waiting: the caller left, or the server is stopping."""
+        return closing(request) or await request.is_disconnected()
+
+    with hosts_waiting():
+        leases = await client_of(request).lease_calls(
+            body.tools,
+            holder=who.name,
+            limit=body.max,
+            wait=body.wait,
+            lease=timedelta(seconds=body.lease_seconds),
+            gone=gone,
+        )
     return LeasePage(leases=[LeaseOut.of(lease) for lease in leases])
 
 

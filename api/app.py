@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -98,6 +99,8 @@ def create_app(
     app.state.tokens = parsed
     app.state.signer = signer
     app.state.event_streams = 0
+    # Set from a signal handler by `api.server` (hence a thread-safe event, not asyncio's).
+    app.state.closing = threading.Event()
     # A body larger than any answer the store takes is refused before it is read.
     app.add_middleware(BodyLimit, max_bytes=body_limit(settings.max_answer_bytes))
     # Added last, so outermost: its headers go on the 413s above too.

@@ -237,8 +237,8 @@ class RelayHost:
                 return
 
     async def _result(self, call: LeasedCall, output: str, is_error: bool) -> None:
-        body = {"output": output, "isError": is_error}
-        pause = 0.5
+        body: dict[str, Any] = {"output": output, "isError": is_error}
+        pause, refused = 0.5, False
         while True:
             try:
                 response = await self._http.post(
@@ -254,8 +254,16 @@ class RelayHost:
                     # Another host, or a person, has the call now: this result is not taken.
                     log.warning("relay host: result of %s refused: %s", call.key, _detail(response))
                     return
-                if response.status_code != 503:
-                    raise HostRefused(response.status_code, _detail(response))
+                if not _passing(response.status_code):
+                    refusal = f"({response.status_code}) {_detail(response)}"
+                    log.error("relay host: result of %s refused %s", call.key, refusal)
+                    if refused:
+                        return  # the lease lapses; the call is offered again
+                    # Too large, say: the model is told so, rather than the call being
+                    # offered again, to fail the same way on every host.
+                    refused = True
+                    body = {"output": f"the API refused the result {refusal}", "isError": True}
+                    continue
             await asyncio.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE)
 
@@ -265,13 +273,19 @@ class RelayHost:
 
 
 class _Unavailable(Exception):
-    """The API answered 503 (its store or broker away) or a gateway error."""
+    """The API could not serve the request now: tried again, with backoff."""
+
+
+def _passing(status: int) -> bool:
+    """A 5xx (the API's store or broker away, a gateway's error, an API stopping or
+    failing) or a 429 passes; any other refusal is this host's to fix."""
+    return status >= 500 or status == 429
 
 
 def _check(response: httpx.Response) -> None:
     if response.status_code == 200:
         return
-    if response.status_code in (502, 503, 504):
+    if _passing(response.status_code):
         raise _Unavailable(response.status_code)
     raise HostRefused(response.status_code, _detail(response))
 

@@ -38,6 +38,8 @@ hooks (`Metrics.after_model_call`): count only those the limiter keeps from it.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from relayq.circuit import CircuitChange, CircuitHooks
@@ -54,6 +56,7 @@ __all__ = [
     "provider_prices",
     "Metrics",
     "count_rate_limited",
+    "hosts_waiting",
     "observe_limit_wait",
     "observe_broker_unheard",
     "observe_store_calls",
@@ -165,6 +168,19 @@ BROKER_UNHEARD = Gauge(
 def observe_broker_unheard(seconds: float, *, broker: str) -> None:
     """Set by the worker's consumer each second (`workers.broker_heard`)."""
     BROKER_UNHEARD.labels(broker=broker).set(seconds)
+
+
+HOSTS_WAITING = Gauge(
+    "relayq_relay_hosts_waiting",
+    "Lease requests of relay hosts this API holds open, waiting for a call to offer",
+    multiprocess_mode="livesum",
+)
+
+
+def hosts_waiting() -> AbstractContextManager[None]:
+    """Counts a lease request in `relayq_relay_hosts_waiting` while it is open
+    (`api._relay`)."""
+    return HOSTS_WAITING.track_inprogress()
 
 
 def count_rate_limited(provider: str, *, model: str = "", status: int = 429) -> None:

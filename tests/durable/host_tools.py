@@ -4,7 +4,7 @@
 Each execution is logged (`host.log` under RELAYQ_TEST_LOG: the call's key and the
 host's pid), so a test can tell a call run twice from one run again as a new attempt.
 A command `sleep N ...` holds the call's first attempt N seconds (a host killed while
-it runs); a later attempt runs at once.
+it runs); a later attempt runs at once. `flood N` returns N bytes (a result too large).
 """
 
 from __future__ import annotations
@@ -25,4 +25,6 @@ def shell(arguments: dict[str, Any], call: LeasedCall) -> str:
     words = command.split()
     if len(words) >= 2 and words[0] == "sleep" and call.attempt == 1:
         time.sleep(float(words[1]))
+    if len(words) == 2 and words[0] == "flood":
+        return "x" * int(words[1])
     return f"ran {command}"

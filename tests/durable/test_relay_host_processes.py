@@ -8,16 +8,21 @@ pid) and holds the call first for a prompt `sleep N ...`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from api.app import create_app
 from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
@@ -32,12 +37,15 @@ from .conftest import (
     Durable,
     Eventually,
     serve_api,
+    serve_in_thread,
     start_api_process,
     started,
 )
 
 HOST_TOKEN = "tok-host-proc"
-HOST_TOKENS = f"{TOKENS},desk:host:{HOST_TOKEN}:shell"
+IDLE_TOKEN = "tok-host-idle"
+# `idle` serves a tool no agent calls: its lease requests always wait.
+HOST_TOKENS = f"{TOKENS},desk:host:{HOST_TOKEN}:shell,idle:host:{IDLE_TOKEN}:never_called"
 SHELL = "shell=tests.durable.host_tools:shell"
 
 
@@ -192,3 +200,99 @@ async def test_hosts_waiting_on_an_api_that_restarts_serve_on_after_it(
 
 def api_env(durable: Durable) -> dict[str, str]:
     return {**durable.env, "RELAYQ_API_TOKENS": HOST_TOKENS}
+
+
+async def test_an_api_asked_to_stop_answers_the_lease_requests_it_holds_with_no_call(
+    durable: Durable, eventually: Eventually, tmp_path: Path
+):
+    # Given an API process holding a host's lease request open (nothing to offer)
+    port = free_port()
+    proc = start_api_process(api_env(durable), port, tmp_path / "api.log")
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {IDLE_TOKEN}"},
+            timeout=httpx.Timeout(10, read=90),
+            trust_env=False,
+        ) as http:
+            ask = {"tools": ["never_called"], "wait": 60}
+            waiting = asyncio.ensure_future(http.post("/api/relay/leases", json=ask))
+            await eventually(lambda: hosts_waiting(http), what="the lease request held")
+
+            # When it is asked to stop (SIGTERM, as a deploy does)
+            os.killpg(proc.pid, signal.SIGTERM)
+
+            # Then the request is answered as at the end of its wait (the host asks the next
+            # API), not cut off when the grace ends: that was a 500, which the host took for
+            # a refusal and stopped on
+            res = await waiting
+    finally:
+        stop_group(proc)
+    assert res.status_code == 200, res.text
+    assert res.json() == {"leases": []}
+
+
+async def hosts_waiting(http: httpx.AsyncClient) -> float:
+    """The API's `relayq_relay_hosts_waiting`."""
+    text = (await http.get("/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "relayq_relay_hosts_waiting":
+                return sample.value
+    raise AssertionError("no relayq_relay_hosts_waiting in /metrics")
+
+
+class FailsTheFirstLease:
+    """An API with a fault: its first lease request is a 500."""
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+        self.failed = False
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        if not self.failed and scope["type"] == "http" and scope["path"] == "/api/relay/leases":
+            self.failed = True
+            await send({"type": "http.response.start", "status": 500, "headers": []})  # type: ignore[operator]
+            await send({"type": "http.response.body", "body": b"Internal Server Error"})  # type: ignore[operator]
+            return
+        await self.app(scope, receive, send)  # type: ignore[operator]
+
+
+async def test_a_host_rides_out_an_api_error_and_serves_on(
+    durable: Durable, hosts: Hosts, eventually: Eventually, prompt: str
+):
+    # Given an API whose first lease request fails with a 500
+    app = create_app(durable.settings, tokens=HOST_TOKENS)
+    app.add_middleware(FailsTheFirstLease)
+    with contextmanager(serve_in_thread)(app) as api:
+        # When a host starts on it
+        host, log = hosts.start(api.url)
+
+        # Then it takes the 500 for a passing fault, tries again, and serves a run
+        await eventually(lambda: "the API is away (HTTP 500)" in log.read_text(), what="the 500")
+        async with api.http(SUBMITTER) as http:
+            res = await http.post("/api/runs", json={"agent": "hosted", "prompt": prompt})
+        run_id = res.json()["id"]
+        await eventually(lambda: all_done(api, [run_id]), timeout=60, what="the run done")
+        assert host.poll() is None
+
+
+async def test_a_result_the_api_refuses_reaches_the_model_as_an_error_once(
+    api: ApiServer, hosts: Hosts, durable: Durable, eventually: Eventually
+):
+    # Given a host whose tool returns more than the store keeps (RELAYQ_MAX_ANSWER_BYTES)
+    host, _ = hosts.start(api.url)
+
+    # When a run asks it for that output
+    async with api.http(SUBMITTER) as http:
+        res = await http.post("/api/runs", json={"agent": "hosted", "prompt": "flood 1500000"})
+    run_id = res.json()["id"]
+
+    # Then the call's result is the refusal, as an error: the run goes on with it, and the
+    # call is not offered again (each host would fail the same way)
+    await eventually(lambda: all_done(api, [run_id]), timeout=60, what="the run done")
+    async with api.http(VIEWER) as http:
+        text = (await http.get(f"/api/runs/{run_id}")).json()["text"]
+    assert text.startswith("the API refused the result (413)"), text[:200]
+    assert [(c, a) for _, c, a, _ in executions(durable, {run_id})] == [("c1", 1)]
+    assert host.poll() is None
