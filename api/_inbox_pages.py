@@ -85,11 +85,13 @@ async def request_context(request: Request, who: Principal, request_id: str) -> 
     voted = next((v for v in found["votes"] if v.voter == who.name), None)
     schema = stored.request.data.get("schema") if found["approval"] else None
     approving = [v for v in found["votes"] if v.decision != "decline"]
+    item = item_of(stored)
+    held = {call["id"]: call.get("held", "") for call in item["calls"]}
     return {
-        "r": item_of(stored),
+        "r": item,
         "fields": fields_of(found["arguments"], schema) if found["approval"] else [],
         "call_fields": [
-            {"call": call, "fields": fields_of(call_input)}
+            {"call": call, "fields": fields_of(call_input), "held": held.get(call["id"], "")}
             for call, call_input in _call_inputs(stored)
         ],
         "run": _run_of(view),

@@ -14,7 +14,7 @@ from typing import Any
 from relayq import transcript as tx
 from relayq.approvals import arguments_of, diff_arguments, is_approval
 from relayq.relay import relay_calls_of
-from store import StoredRequest
+from store import CallHold, StoredRequest
 
 __all__ = ["Field", "ago", "fields_of", "item_of", "message_of", "pretty", "when"]
 
@@ -107,8 +107,15 @@ def item_of(stored: StoredRequest, now: datetime | None = None) -> dict[str, Any
             }
         ]
     else:
+        holds = {h.call_id: h for h in stored.holds}
         calls = [
-            {"id": c.id, "name": c.name, "arguments": pretty(c.input), "summary": _summary(c.input)}
+            {
+                "id": c.id,
+                "name": c.name,
+                "arguments": pretty(c.input),
+                "summary": _summary(c.input),
+                "held": _held(holds.get(c.id)),
+            }
             for c in relay_calls_of(request)
         ]
     answer = stored.answer
@@ -136,6 +143,14 @@ def item_of(stored: StoredRequest, now: datetime | None = None) -> dict[str, Any
         # Other kinds (a question, a budget) show their data instead of calls.
         "data": None if calls else pretty(request.data),
     }
+
+
+def _held(hold: CallHold | None) -> str:
+    """Who runs the call now, and until when their lease holds: `held by hal until ...`."""
+    if hold is None:
+        return ""
+    again = f", try {hold.attempt}" if hold.attempt > 1 else ""
+    return f"held by {hold.host} until {when(hold.until)}{again}"
 
 
 def _changes(stored: StoredRequest) -> str:

@@ -175,8 +175,18 @@ def print_requests(
         many = f"{what}s"
         console.print(f"no {many}" if page.total == 0 else f"no more {many} (of {page.total})")
         return
-    table = Table("request", "agent", *(["status"] if with_status else []), "run", "calls", "age")
-    table.columns[0].no_wrap = table.columns[-3].no_wrap = True
+    # Who runs a relay call now, where a host holds one on this page.
+    held = any(stored.holds for stored in page)
+    table = Table(
+        "request",
+        "agent",
+        *(["status"] if with_status else []),
+        "run",
+        "calls",
+        *(["held by"] if held else []),
+        "age",
+    )
+    table.columns[0].no_wrap = table.columns[-3 - held].no_wrap = True
     for stored in page:
         status = [Text(stored.status, style=_REQUEST_STYLES.get(stored.status, ""))]
         table.add_row(
@@ -185,6 +195,7 @@ def print_requests(
             *(status if with_status else []),
             stored.run_id,
             _asks(stored.request),
+            *([_holders(stored)] if held else []),
             age(stored.created_at),
         )
     console.print(table)
@@ -200,6 +211,16 @@ def print_requests(
 
 
 _REQUEST_STYLES = {"open": "yellow", "answered": "green", "expired": "red", "cancelled": "red"}
+
+
+def _holders(stored: StoredRequest) -> str:
+    """`hal until 14:02:07Z`, for each call a host holds (its id first, of several calls)."""
+    named = len(relay_calls_of(stored.request)) > 1
+    return "; ".join(
+        f"{f'{h.call_id}: ' if named else ''}{h.host} until "
+        f"{h.until.astimezone(UTC):%H:%M:%SZ}{f' (try {h.attempt})' if h.attempt > 1 else ''}"
+        for h in stored.holds
+    )
 
 
 def _asks(request: Request) -> str:

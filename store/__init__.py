@@ -48,6 +48,7 @@ from store.queries import (
     transcript,
 )
 from store.requests import (
+    CallHold,
     RequestPage,
     RequestQuery,
     StoredRequest,
@@ -118,6 +119,7 @@ __all__ = [
     # answers
     "Accepted",
     "StoredRequest",
+    "CallHold",
     "accept_answer",
     "accept_many",
     "apply_answer_of",

@@ -21,7 +21,7 @@ from store.db import Database
 from store.models import RequestRow
 from store.paging import DEFAULT_PAGE, MAX_PAGE, BadQuery, Page, decode_cursor, encode_cursor
 from store.request_terms import STATUSES, RequestSort, SortOrder
-from store.stored_requests import StoredRequest, stored_request
+from store.stored_requests import StoredRequest, stored_requests
 
 __all__ = [
     "RequestPage",
@@ -140,16 +140,17 @@ def query_requests(db: Database, query: RequestQuery | None = None) -> Page[Stor
     listing = _ordered(select(RequestRow).where(*where), query.sort, query.order)
     if key is not None:
         listing = listing.where(_after(query, key))
-    with db.snapshot() as s:  # the page and its total from one moment
+    with db.snapshot() as s:  # the page, its holds and its total from one moment
         rows = list(s.exec(listing.limit(query.limit + 1)))  # one more: is there a next page?
         total = s.exec(select(func.count()).select_from(RequestRow).where(*where)).one()
-    more, rows = len(rows) > query.limit, rows[: query.limit]
+        more, rows = len(rows) > query.limit, rows[: query.limit]
+        items = stored_requests(s, rows)
     after = None
     if more:
         after = encode_cursor(
             [*_key_of(rows[-1], query.sort), _filters_of(query)], scope=_scope(query)
         )
-    return Page(items=[stored_request(r) for r in rows], total=total, next_cursor=after)
+    return Page(items=items, total=total, next_cursor=after)
 
 
 _FILTERS = ("agent", "tool", "kind", "group", "run_id", "search")
@@ -250,7 +251,7 @@ def list_requests(
     _check(query)
     listing = _ordered(select(RequestRow).where(*_where(query, sqlite=db.is_sqlite)), "age", "desc")
     with db.read() as s:
-        return [stored_request(row) for row in s.exec(listing.limit(limit))]
+        return stored_requests(s, list(s.exec(listing.limit(limit))))
 
 
 def _statuses(status: str | Sequence[str] | None) -> tuple[str, ...]:

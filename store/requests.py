@@ -35,11 +35,12 @@ from store.request_terms import (
     age_of,
     read_statuses,
 )
-from store.stored_requests import StoredRequest, request_of, stored_request
+from store.stored_requests import CallHold, StoredRequest, request_of, stored_requests
 from store.transitions import move
 
 __all__ = [
     "STATUSES",
+    "CallHold",
     "run_of_request",
     "RequestPage",
     "RequestQuery",
@@ -168,8 +169,8 @@ def get_requests(db: Database, request_ids: Sequence[str]) -> dict[str, StoredRe
     with db.read() as s:
         for at in range(0, len(wanted), _CHUNK):
             chunk = wanted[at : at + _CHUNK]
-            rows = s.exec(select(RequestRow).where(col(RequestRow.id).in_(chunk)))
-            found.update((row.id, stored_request(row)) for row in rows)
+            rows = list(s.exec(select(RequestRow).where(col(RequestRow.id).in_(chunk))))
+            found.update((r.request.id, r) for r in stored_requests(s, rows))
     return found
 
 
@@ -186,6 +187,7 @@ def run_of_request(db: Database, request_id: str) -> str | None:
 def get_request(db: Database, request_id: str) -> StoredRequest:
     with db.read() as s:
         row = s.get(RequestRow, request_id)
-    if row is None:
-        raise UnknownRequest(request_id)
-    return stored_request(row)
+        if row is None:
+            raise UnknownRequest(request_id)
+        [stored] = stored_requests(s, [row])
+    return stored

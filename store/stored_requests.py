@@ -1,18 +1,34 @@
 """A request as the store keeps it (`StoredRequest`) and as hosts see it (`Request`),
-each read from its row."""
+each read from its row; with the hosts that hold its relay calls now (`CallHold`)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from sqlmodel import Session, col, select
 
 from relayq import Answer, Request
 from relayq.relay import RELAY_KIND
-from store.models import RequestRow
+from store.models import RelayCallRow, RequestRow, utcnow
 
-__all__ = ["StoredRequest", "request_of", "stored_request"]
+__all__ = ["CallHold", "StoredRequest", "request_of", "stored_request", "stored_requests"]
+
+
+class CallHold(BaseModel):
+    """A relay call a host holds now (`store.leases`): who, until when, which try."""
+
+    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, frozen=True)
+
+    call_id: str
+    host: str
+    """The host token's name."""
+    until: datetime
+    """When the lease lapses unless the host heartbeats; the call is offered again then."""
+    attempt: int
 
 
 class StoredRequest(BaseModel):
@@ -39,10 +55,49 @@ class StoredRequest(BaseModel):
     """How it was resolved: approved, edited, declined, answered, expired, cancelled."""
     revision: int = 0
     """Bumped by every answer or vote: a bulk decision names the revision it previewed."""
+    holds: list[CallHold] = Field(default_factory=list)
+    """Its relay calls that hosts hold now, in call order (an open request's only)."""
 
 
-def stored_request(row: RequestRow) -> StoredRequest:
-    """The StoredRequest a row stands for: what every reader of requests gets."""
+def stored_requests(s: Session, rows: Sequence[RequestRow]) -> list[StoredRequest]:
+    """The StoredRequests these rows stand for, with their holds: what every reader of
+    requests gets. One query for the holds of them all, and none where no row is an open
+    relay request."""
+    held = _holds(s, [r.id for r in rows if r.kind == RELAY_KIND and r.status == "open"])
+    return [stored_request(row, held.get(row.id, ())) for row in rows]
+
+
+def _holds(s: Session, request_ids: list[str]) -> dict[str, list[CallHold]]:
+    found: dict[str, list[CallHold]] = defaultdict(list)
+    now = utcnow()
+    for at in range(0, len(request_ids), _CHUNK):
+        held = select(RelayCallRow).where(
+            col(RelayCallRow.request_id).in_(request_ids[at : at + _CHUNK]),
+            col(RelayCallRow.holder).is_not(None),
+            col(RelayCallRow.lease_until) > now,
+            col(RelayCallRow.answered).is_(False),
+        )
+        for call in s.exec(held):
+            assert call.holder is not None  # as the query asked
+            assert call.lease_until is not None
+            found[call.request_id].append(
+                CallHold(
+                    call_id=call.call_id,
+                    host=call.holder,
+                    until=call.lease_until,
+                    attempt=call.attempt,
+                )
+            )
+    return found
+
+
+# Ids per query: SQLite caps a statement's bound parameters.
+_CHUNK = 500
+
+
+def stored_request(row: RequestRow, holds: Sequence[CallHold] = ()) -> StoredRequest:
+    """The StoredRequest a row stands for, holding `holds` (`stored_requests` finds them)."""
+    order = {call.get("id"): n for n, call in enumerate(row.calls or [])}
     return StoredRequest(
         request=request_of(row),
         run_id=row.run_id,
@@ -57,6 +112,7 @@ def stored_request(row: RequestRow) -> StoredRequest:
         quorum=row.quorum,
         outcome=row.outcome,
         revision=row.revision,
+        holds=sorted(holds, key=lambda h: order.get(h.call_id, len(order))),
     )
 
 

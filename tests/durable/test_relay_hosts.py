@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
+from api._inbox_views import when
+
 from .conftest import APPROVER, SUBMITTER, TOKENS, VIEWER, ApiServer, Durable, Eventually, serve_api
-from .test_api import settled_run
+from .test_api import log_in, settled_run
+from .test_cli_guidance import relayq
 
 SHELL_HOST, CLICK_HOST, ANY_HOST = "tok-host-shell", "tok-host-click", "tok-host-any"
 HOST_TOKENS = (
@@ -211,3 +215,39 @@ async def test_a_waiting_host_is_answered_when_a_call_arrives(
         assert held["runId"] == run_id
         res = await host.post("/api/relay/leases", json={"tools": ["shell"], "wait": 0})
         assert res.json() == {"leases": []}, "nothing left: no wait asked for"
+
+
+async def test_the_api_the_inbox_and_relayq_pending_show_who_holds_a_call_and_until_when(
+    api: ApiServer, runs: list[str], durable: Durable, prompt: str
+):
+    # Given a run whose shell call a host holds, and whose click call no host holds
+    run_id = await start(api, runs, f"{prompt} click")
+    async with api.http(SHELL_HOST) as host:
+        held = await lease_of(host, run_id)
+    until = datetime.fromisoformat(held["expiresAt"])
+    request_id = held["requestId"]
+
+    # Then the API shows the hold, on the request and in the listing
+    async with api.http(VIEWER) as http:
+        stored = (await http.get(f"/api/requests/{request_id}")).json()
+        listed = (await http.get("/api/requests", params={"run_id": run_id})).json()
+    assert [(h["callId"], h["host"], h["attempt"]) for h in stored["holds"]] == [
+        ("c1", "laptop", 1)
+    ]
+    assert datetime.fromisoformat(stored["holds"][0]["until"]) == until
+    assert listed["items"][0]["holds"] == stored["holds"]
+
+    # ... the inbox, in its list and on the request's page, by the shell call only
+    shown = f"held by laptop until {when(until)}"
+    async with api.http() as browser:
+        await log_in(browser, VIEWER)
+        page = (await browser.get(f"/requests/{request_id}")).text
+        inbox = (await browser.get("/", params={"q": prompt})).text
+    assert page.count(shown) == 1, page
+    assert inbox.count(shown) == 1, inbox
+
+    # ... and `relayq pending`, in a column of its own naming the call of the two
+    done = relayq("pending", "--run", run_id, env={**durable.env, "COLUMNS": "250"})
+    assert done.returncode == 0, done.stderr
+    assert "held by" in done.stdout
+    assert f"c1: laptop until {until.astimezone(UTC):%H:%M:%SZ}" in done.stdout, done.stdout

@@ -11,19 +11,25 @@ from datetime import datetime, timedelta
 
 import pytest
 from alembic import command
+from sqlalchemy import event
 
 from relayq import RequestClosed
 from relayq.relay import RelayResult, relay_answer
 from store import (
     Database,
     Decider,
+    RequestPage,
+    RequestQuery,
     accept_answer,
     apply_answer_of,
     cancel_run,
     decisions_of,
     get_request,
+    get_requests,
     get_run,
+    list_requests,
     migrate,
+    query_requests,
     transcript,
 )
 from store.leases import (
@@ -280,3 +286,62 @@ async def test_only_the_holder_may_use_a_lease_and_only_for_its_tools(db: Databa
 
     assert get_request(db, request_id).answer is None
     heartbeat_lease(db, held.lease_id, holder="laptop-1", tools={"shell"})
+
+
+# -- who holds a call, and until when: every reader of requests shows it -------------------
+
+
+async def test_every_reader_of_requests_shows_who_holds_each_call_and_until_when(db: Database):
+    # Given a request of three calls: c3 held by one host, c1 by another, c2 by none
+    request_id = await halted(db, ("c1", "shell"), ("c2", "browser_click"), ("c3", "shell"))
+    [c1, c3] = lease(db, ["shell"])
+    release_lease(db, c1.lease_id)
+    [c1_again] = lease(db, ["shell"], holder="laptop-2")
+
+    # Then each reader shows the two holds, in call order, with the host, lease end and try
+    expected = [("c1", "laptop-2", c1_again.expires_at, 2), ("c3", "laptop-1", c3.expires_at, 1)]
+    readers = {
+        "get_request": get_request(db, request_id),
+        "get_requests": get_requests(db, [request_id])[request_id],
+        "query_requests": query_requests(db).items[0],
+        "list_requests": list_requests(db)[0],
+    }
+    for reader, stored in readers.items():
+        assert [(h.call_id, h.host, h.until, h.attempt) for h in stored.holds] == expected, reader
+    # ... and the JSON of the API and `relayq pending --json` carries them in camelCase
+    shown = RequestPage.of(query_requests(db)).model_dump(mode="json", by_alias=True)
+    assert [h["callId"] for h in shown["items"][0]["holds"]] == ["c1", "c3"]
+    assert set(shown["items"][0]["holds"][0]) == {"callId", "host", "until", "attempt"}
+
+
+async def test_a_lapsed_released_or_answered_lease_is_no_hold(db: Database):
+    # Given a call leased long ago (its lease lapsed), one released, and one answered
+    request_id = await halted(db, ("c1", "shell"), ("c2", "shell"), ("c3", "shell"))
+    assert len(lease(db, ["shell"], now=utcnow() - 2 * MINUTE)) == 3
+    [c1, c2] = lease(db, ["shell"], limit=2)
+    assert (c1.call_id, c1.attempt) == ("c1", 2)
+    release_lease(db, c2.lease_id)
+    lease_result(db, c1.lease_id, output="done", is_error=False, host=HOST)
+
+    # Then none of the three shows as held
+    assert get_request(db, request_id).holds == []
+
+
+async def test_a_request_no_host_holds_shows_no_hold_and_costs_no_query(db: Database):
+    # Given an open relay request no host leased, and the listing's statements counted
+    await halted(db, ("c1", "shell"))
+    statements: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        # When its answered and open listings are read
+        [shown] = query_requests(db).items
+        query_requests(db, RequestQuery(status="answered"))
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+    # Then it has no holds; and only a page holding an open relay request looked for any
+    assert shown.holds == []
+    assert sum("relayq_relay_calls" in s for s in statements) == 1
