@@ -1,4 +1,5 @@
-"""The benchmark's agent: a real OpenAI-style provider (the local model server) and one local tool.
+"""The benchmark's agents: a real OpenAI-style provider (the local model server) and one
+local tool; and `bench-relayed`, whose one relay call a `relayq host` serves.
 
 The server (`bench.model_server`) asks for the `step` tool until a run has taken
 `RELAYQ_BENCH_TURNS - 1` tool turns, then answers, so each run is that many turns.
@@ -19,6 +20,7 @@ from relayq import (
     define_tool,
 )
 from relayq.providers import ProviderConfig
+from relayq.relay import relay_tool
 
 
 def step(args: dict[str, Any], ctx: ToolContext) -> str:
@@ -66,3 +68,28 @@ async def local_model(req: InProcessRequest) -> InProcessResponse:
 
 
 bench_local = Agent("bench-local", local_model, tools=[STEP], max_turns=50)
+
+
+# -- relay hosts (`bench.hosts`): one relay call a run, served by `relayq host` processes --
+
+
+async def relayed_model(req: InProcessRequest) -> InProcessResponse:
+    """Asks the host to run the prompt as a command, then answers with what it printed."""
+    outputs = [str(m.get("content", "")) for m in req.messages if m["role"] == "tool"]
+    if outputs:
+        return InProcessResponse(content=outputs[-1])
+    prompt = next(str(m["content"]) for m in req.messages if m["role"] == "user")
+    return InProcessResponse(
+        tool_calls=[InProcessToolCall(id="c1", name="shell", arguments={"cmd": prompt})]
+    )
+
+
+def echo(arguments: dict[str, Any], call: object) -> str:
+    """The hosts' `shell` (`relayq host --tool shell=bench.agents:echo`): no work of its
+    own, so the figures are the lease protocol's."""
+    return f"ran {arguments.get('cmd', '')}"
+
+
+bench_relayed = Agent(
+    "bench-relayed", relayed_model, tools=[relay_tool("shell", "runs a command on the host")]
+)

@@ -43,6 +43,8 @@ WAIT = 30.0
 """Seconds one lease request waits for a call (the API holds it open)."""
 MAX_PAUSE = 10.0
 """Seconds between tries, at most, while the API is away."""
+KEEPALIVE = 2.0
+"""Seconds an idle connection to the API is kept for the next request."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +106,9 @@ class RelayHost:
             headers={"Authorization": f"Bearer {token}"},
             transport=transport,
             timeout=httpx.Timeout(10.0, read=WAIT + 15.0),
+            # Under uvicorn's 5 s keep-alive: a connection reused just as the server
+            # closes it would fail the post on it (a ReadError, and the result sent again).
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE),
             trust_env=False,
         )
         self._running: set[asyncio.Task[None]] = set()

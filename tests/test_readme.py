@@ -128,13 +128,23 @@ def test_every_relative_link_of_a_page_leads_somewhere(path):
     assert not broken, f"{name(path)} has broken links:\n" + "\n".join(broken)
 
 
-def test_the_demo_runs_the_relay_example():
+def example(module: str) -> str:
+    """What `python -m examples.<module>` printed; the test fails if it failed."""
     out = subprocess.run(
-        [sys.executable, "-m", "examples.three_relay_calls"],
+        [sys.executable, "-m", f"examples.{module}"],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=60,
+        timeout=50,
     )
     assert out.returncode == 0, out.stderr
-    assert "alpha-done,beta-done,gamma-done" in out.stdout
+    return out.stdout
+
+
+def test_the_demo_runs_the_relay_example():
+    assert "alpha-done,beta-done,gamma-done" in example("three_relay_calls")
+
+
+def test_the_relay_host_example_runs_a_call_on_its_host_and_the_run_finishes():
+    # a worker, the API and a `relayq host` process, each started by the example
+    assert "the host said: hello from the host" in example("relay_host")
