@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from cli import approvals, batch, batches, host, processes, relay_host, request_commands
+from cli import approvals, batch, batches, host, processes, purge, relay_host, request_commands
 
 __all__ = ["app", "main"]
 
@@ -89,6 +89,7 @@ app.command()(request_commands.pending)
 app.command()(request_commands.answer)
 app.command()(approvals.bulk)
 app.command()(approvals.audit)
+app.command()(purge.purge)
 
 
 def main() -> None:
