@@ -56,17 +56,23 @@ class Parts:
     """The worker, the API and the hosts of one store, each a process group of its own."""
 
     def __init__(self, env: dict[str, str], home: Path) -> None:
+        self.env = env
         self.home = home
         self.procs: list[tuple[subprocess.Popen[bytes], Path, bytes]] = []
-        worker = start_worker(env, "asyncio", 500, home / "worker.log", "bench-hosts")
-        self.procs.append((worker, home / "worker.log", b"ready."))
-        port = free_port()
-        self._spawn(env, home / "api.log", b"Application startup complete",
-                    "api", "--port", str(port))  # fmt: skip
+        self.port = free_port()
         self.host_env = env | {
-            "RELAYQ_API_URL": f"http://127.0.0.1:{port}",
+            "RELAYQ_API_URL": f"http://127.0.0.1:{self.port}",
             "RELAYQ_API_TOKEN": HOST_TOKEN,
         }
+
+    def start(self) -> None:
+        """The worker and the API, once started: `stop` ends whatever did start."""
+        log = self.home / "worker.log"
+        worker = start_worker(self.env, "asyncio", 500, log, "bench-hosts")
+        self.procs.append((worker, log, b"ready."))
+        self._spawn(self.env, self.home / "api.log", b"Application startup complete",
+                    "api", "--port", str(self.port))  # fmt: skip
+        self.wait_ready()
 
     def start_hosts(self, hosts: int, concurrency: int) -> None:
         serve = ["--tool", "shell=bench.agents:echo", "--concurrency", str(concurrency)]
@@ -196,7 +202,7 @@ async def one_store(args: argparse.Namespace, store: str, home: Path, url: str) 
     client = DurableClient(settings=Settings.from_env(env))
     phases = []
     try:
-        await asyncio.to_thread(parts.wait_ready)
+        await asyncio.to_thread(parts.start)
         # backlog: every call open before a host starts; the hosts' pace alone
         ids = await client.start_many(AGENT, [f"echo backlog {i}" for i in range(args.runs)])
         await opened(client, ids)

@@ -78,6 +78,8 @@ class SweepReport:
     """Requests that reached their deadline (expired, escalated or noticed overdue)."""
     reminded: int = 0
     """Requests whose reminder went out."""
+    purged: int = 0
+    """Finished runs removed for RELAYQ_RETENTION (`store.retention`)."""
 
 
 def _always() -> bool:

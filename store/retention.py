@@ -71,23 +71,29 @@ def purge_finished(
     *,
     dry_run: bool = False,
     chunk: int = CHUNK,
+    limit: int | None = None,
     progress: Callable[[Purged], None] | None = None,
 ) -> Purged:
     """Remove the runs finished before `before`, with all that is theirs alone, `chunk`
-    runs a transaction; returns what went. With `dry_run`, removes nothing (and takes
-    no write lock) and counts what would go."""
+    runs a transaction, and no more transactions once `limit` runs went; returns what
+    went. With `dry_run`, removes nothing (and takes no write lock) and counts what
+    would go."""
     purged = Purged()
     counted: set[str] = set()  # a dry run's batches, counted once
     after: tuple[datetime, str] | None = None
     while True:
         with db.read() if dry_run else db.write() as s:
-            runs = s.exec(_next(before, after, chunk)).all()
+            # Other workers sweep too: on PostgreSQL each takes runs no other holds.
+            lock = not dry_run and not db.is_sqlite
+            runs = s.exec(_next(before, after, chunk, lock=lock)).all()
             if not runs:
                 return purged
             after = (runs[-1].updated_at, runs[-1].id)
             _remove(s, runs, purged, before if dry_run else None, counted)
         if progress is not None:
             progress(purged)
+        if limit is not None and purged.runs >= limit:
+            return purged
 
 
 def _purgeable(before: datetime) -> list[Any]:
@@ -102,7 +108,7 @@ def _purgeable(before: datetime) -> list[Any]:
     ]
 
 
-def _next(before: datetime, after: tuple[datetime, str] | None, chunk: int) -> Any:
+def _next(before: datetime, after: tuple[datetime, str] | None, chunk: int, *, lock: bool) -> Any:
     """The next `chunk` runs that may go, oldest first, after the key `after` (a dry run
     removes nothing, so it pages on)."""
     query = select(RunRow).where(*_purgeable(before))
@@ -112,7 +118,8 @@ def _next(before: datetime, after: tuple[datetime, str] | None, chunk: int) -> A
             (col(RunRow.updated_at) > at)
             | _and_all(col(RunRow.updated_at) == at, col(RunRow.id) > run_id)
         )
-    return query.order_by(col(RunRow.updated_at), col(RunRow.id)).limit(chunk)
+    query = query.order_by(col(RunRow.updated_at), col(RunRow.id)).limit(chunk)
+    return query.with_for_update(skip_locked=True) if lock else query
 
 
 def _remove(

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
 from celery import Celery, current_app
@@ -45,6 +45,8 @@ from store.batch_queues import active_batch_queues
 from store.errors import safe_text
 from store.maintenance import SweepReport
 from store.outbox import ANSWER_QUEUE, TURN_QUEUE, sent_at
+from store.retention import CHUNK as RETENTION_CHUNK
+from store.retention import purge_finished
 from store.workers import HOSTNAME
 from tasks.broker.announce import RunAnnouncer
 from tasks.broker.dispatch import BrokerDispatch, Dispatch
@@ -299,6 +301,12 @@ class Runtime:
             heartbeats_steady=self.heartbeat.steady,
         )
         await self.dispatch(report.outbox)
+        retention = self.settings.recovery.retention
+        if retention is not None:
+            # One transaction's worth a sweep: every worker sweeps every few seconds.
+            before = datetime.now(UTC) - retention
+            purged = await self.io(purge_finished, self.db, before, limit=RETENTION_CHUNK)
+            report.purged = purged.runs
         return report
 
     def _waiting(self) -> dict[str, datetime | None] | None:

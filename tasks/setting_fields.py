@@ -19,6 +19,7 @@ __all__ = [
     "Option",
     "Parse",
     "Source",
+    "age",
     "answer_bytes",
     "count",
     "names",
@@ -70,6 +71,26 @@ def _duration(key: str, value: Any) -> timedelta:
             raise ValueError(f"{key} must be a number of seconds, not {value!r}") from None
     if seconds <= 0:
         raise ValueError(f"{key} must be more than 0 seconds, not {value!r}")
+    return timedelta(seconds=seconds)
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def age(key: str, value: Any) -> timedelta | None:
+    """`30d`, `12h`, `90m`, `1w`, or seconds; `off` (or 0) for none."""
+    raw = str(value).strip().lower()
+    if raw in ("off", "0", "none"):
+        return None
+    number, unit = (raw[:-1], raw[-1]) if raw[-1:] in _AGE_UNITS else (raw, "s")
+    try:
+        seconds = float(number) * _AGE_UNITS[unit]
+    except ValueError:
+        raise ValueError(
+            f"{key} must be an age such as 30d, 12h or 90m, or off; not {value!r}"
+        ) from None
+    if seconds <= 0:
+        raise ValueError(f"{key} must be an age of more than 0 (30d, 12h), or off; not {value!r}")
     return timedelta(seconds=seconds)
 
 

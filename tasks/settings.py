@@ -54,6 +54,7 @@ from tasks.setting_fields import (
     WORKER_BATCHES,
     Option,
     Source,
+    age,
     answer_bytes,
     count,
     names,
@@ -143,6 +144,9 @@ class RecoverySettings:
     broker_health_check: timedelta = option("broker_health_check", default=timedelta(seconds=10))
     """Between checks of the broker's long-lived connections (the consumer's, pub/sub's): one
     silent (no RST, no FIN) is dropped and made again within about twice this."""
+    retention: timedelta | None = option("retention", parse=age, default=None, shown="off")
+    """Finished runs unchanged this long are removed by the sweeps, a few each
+    (`store.retention`); None keeps them until `relayq purge`."""
     visibility_timeout: timedelta = option("visibility_timeout", default=timedelta(seconds=3600))
     """Redis redelivers a message not acknowledged within it. Recovery does not wait
     for it (the sweeper acts within seconds); every time limit and retry countdown

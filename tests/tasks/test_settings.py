@@ -102,3 +102,25 @@ def test_beat_sweeps_as_often_as_the_workers_do():
     entry = config["beat_schedule"]["relayq-sweep"]
     assert entry["schedule"] == 7.0
     assert entry["options"]["expires"] == 14.0
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        ("30d", timedelta(days=30)),
+        ("12h", timedelta(hours=12)),
+        ("90m", timedelta(minutes=90)),
+        ("1w", timedelta(weeks=1)),
+        ("3600", timedelta(hours=1)),
+        ("off", None),
+        ("", None),
+    ],
+)
+def test_retention_reads_an_age_or_off(given, kept):
+    assert Settings.from_env({"RELAYQ_RETENTION": given}).recovery.retention == kept
+
+
+@pytest.mark.parametrize("given", ["soon", "-1d", "30x", "d"])
+def test_a_retention_that_is_no_age_is_refused_naming_the_variable(given):
+    with pytest.raises(ValueError, match="RELAYQ_RETENTION must be an age"):
+        Settings.from_env({"RELAYQ_RETENTION": given})
