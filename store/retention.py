@@ -82,6 +82,8 @@ def purge_finished(
     counted: set[str] = set()  # a dry run's batches, counted once
     after: tuple[datetime, str] | None = None
     while True:
+        if not dry_run and not _any(db, before, after):
+            return purged  # found by a read: a sweep with nothing to remove takes no lock
         with db.read() if dry_run else db.write() as s:
             # Other workers sweep too: on PostgreSQL each takes runs no other holds.
             lock = not dry_run and not db.is_sqlite
@@ -94,6 +96,11 @@ def purge_finished(
             progress(purged)
         if limit is not None and purged.runs >= limit:
             return purged
+
+
+def _any(db: Database, before: datetime, after: tuple[datetime, str] | None) -> bool:
+    with db.read() as s:
+        return s.exec(_next(before, after, 1, lock=False)).first() is not None
 
 
 def _purgeable(before: datetime) -> list[Any]:

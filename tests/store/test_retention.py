@@ -231,3 +231,17 @@ async def test_relayq_purge_counts_then_removes_and_refuses_a_bad_age(db: Databa
     again = purge("--finished-before", "30d").stdout
     assert again.startswith("no finished run last changed before"), again
     assert again.rstrip().endswith(": nothing to remove"), again
+
+
+def test_a_purge_with_nothing_to_remove_takes_no_write_transaction(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+):
+    # Given a store whose only run is live (as every few seconds' sweep mostly finds)
+    start(db, run_id="run_live")
+
+    def write() -> None:
+        raise AssertionError("the purge took a write transaction (SQLite's lock)")
+
+    # Then a purge finds nothing with a read, and never asks for the write lock
+    monkeypatch.setattr(db, "write", write)
+    assert purge_finished(db, utcnow(), limit=100) == Purged()
