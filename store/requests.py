@@ -35,7 +35,13 @@ from store.request_terms import (
     age_of,
     read_statuses,
 )
-from store.stored_requests import CallHold, StoredRequest, request_of, stored_requests
+from store.stored_requests import (
+    IDS_PER_QUERY,
+    CallHold,
+    StoredRequest,
+    request_of,
+    stored_requests,
+)
 from store.transitions import move
 
 __all__ = [
@@ -167,15 +173,11 @@ def get_requests(db: Database, request_ids: Sequence[str]) -> dict[str, StoredRe
     found: dict[str, StoredRequest] = {}
     wanted = list(dict.fromkeys(request_ids))
     with db.read() as s:
-        for at in range(0, len(wanted), _CHUNK):
-            chunk = wanted[at : at + _CHUNK]
+        for at in range(0, len(wanted), IDS_PER_QUERY):
+            chunk = wanted[at : at + IDS_PER_QUERY]
             rows = list(s.exec(select(RequestRow).where(col(RequestRow.id).in_(chunk))))
             found.update((r.request.id, r) for r in stored_requests(s, rows))
     return found
-
-
-# Ids per query: SQLite caps a statement's bound parameters.
-_CHUNK = 500
 
 
 def run_of_request(db: Database, request_id: str) -> str | None:

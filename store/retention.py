@@ -16,7 +16,7 @@ for a removed request is an unknown request: a 404.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -72,7 +72,6 @@ def purge_finished(
     dry_run: bool = False,
     chunk: int = CHUNK,
     limit: int | None = None,
-    progress: Callable[[Purged], None] | None = None,
 ) -> Purged:
     """Remove the runs finished before `before`, with all that is theirs alone, `chunk`
     runs a transaction, and no more transactions once `limit` runs went; returns what
@@ -81,19 +80,17 @@ def purge_finished(
     purged = Purged()
     counted: set[str] = set()  # a dry run's batches, counted once
     after: tuple[datetime, str] | None = None
+    # Other workers sweep too: on PostgreSQL each takes runs no other holds.
+    lock = not dry_run and not db.is_sqlite
     while True:
         if not dry_run and not _any(db, before, after):
             return purged  # found by a read: a sweep with nothing to remove takes no lock
         with db.read() if dry_run else db.write() as s:
-            # Other workers sweep too: on PostgreSQL each takes runs no other holds.
-            lock = not dry_run and not db.is_sqlite
             runs = s.exec(_next(before, after, chunk, lock=lock)).all()
             if not runs:
                 return purged
             after = (runs[-1].updated_at, runs[-1].id)
             _remove(s, runs, purged, before if dry_run else None, counted)
-        if progress is not None:
-            progress(purged)
         if limit is not None and purged.runs >= limit:
             return purged
 

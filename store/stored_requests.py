@@ -15,7 +15,14 @@ from relayq import Answer, Request
 from relayq.relay import RELAY_KIND
 from store.models import RelayCallRow, RequestRow, utcnow
 
-__all__ = ["CallHold", "StoredRequest", "request_of", "stored_request", "stored_requests"]
+__all__ = [
+    "IDS_PER_QUERY",
+    "CallHold",
+    "StoredRequest",
+    "request_of",
+    "stored_request",
+    "stored_requests",
+]
 
 
 class CallHold(BaseModel):
@@ -70,9 +77,9 @@ def stored_requests(s: Session, rows: Sequence[RequestRow]) -> list[StoredReques
 def _holds(s: Session, request_ids: list[str]) -> dict[str, list[CallHold]]:
     found: dict[str, list[CallHold]] = defaultdict(list)
     now = utcnow()
-    for at in range(0, len(request_ids), _CHUNK):
+    for at in range(0, len(request_ids), IDS_PER_QUERY):
         held = select(RelayCallRow).where(
-            col(RelayCallRow.request_id).in_(request_ids[at : at + _CHUNK]),
+            col(RelayCallRow.request_id).in_(request_ids[at : at + IDS_PER_QUERY]),
             col(RelayCallRow.holder).is_not(None),
             col(RelayCallRow.lease_until) > now,
             col(RelayCallRow.answered).is_(False),
@@ -91,8 +98,8 @@ def _holds(s: Session, request_ids: list[str]) -> dict[str, list[CallHold]]:
     return found
 
 
-# Ids per query: SQLite caps a statement's bound parameters.
-_CHUNK = 500
+IDS_PER_QUERY = 500
+"""Ids a statement matches at most: SQLite caps a statement's bound parameters."""
 
 
 def stored_request(row: RequestRow, holds: Sequence[CallHold] = ()) -> StoredRequest:

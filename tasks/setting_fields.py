@@ -11,6 +11,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from relayq import limits
+from store.paging import BadQuery
+from store.request_terms import age_of
 
 __all__ = [
     "CONF_PREFIX",
@@ -74,24 +76,21 @@ def _duration(key: str, value: Any) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def age(key: str, value: Any) -> timedelta | None:
-    """`30d`, `12h`, `90m`, `1w`, or seconds; `off` (or 0) for none."""
+    """An age as listings read one (`30d`, `12h`, `90m`, `1w`: `store.request_terms`), or
+    seconds; `off` (or 0) for none."""
     raw = str(value).strip().lower()
-    if raw in ("off", "0", "none"):
+    if raw in ("off", "none", "0"):
         return None
-    number, unit = (raw[:-1], raw[-1]) if raw[-1:] in _AGE_UNITS else (raw, "s")
+    if raw.isdigit():
+        return _duration(key, raw)
     try:
-        seconds = float(number) * _AGE_UNITS[unit]
-    except ValueError:
-        raise ValueError(
-            f"{key} must be an age such as 30d, 12h or 90m, or off; not {value!r}"
-        ) from None
-    if seconds <= 0:
-        raise ValueError(f"{key} must be an age of more than 0 (30d, 12h), or off; not {value!r}")
-    return timedelta(seconds=seconds)
+        read = age_of(raw, key)
+    except BadQuery:
+        read = timedelta(0)
+    if read <= timedelta(0):
+        raise ValueError(f"{key} must be an age such as 30d, 12h or 90m, or off; not {value!r}")
+    return read
 
 
 def names(_: str, value: Any) -> tuple[str, ...]:

@@ -237,17 +237,13 @@ def durable(
         "RELAYQ_RETRY_BASE": "0.02",
         "RELAYQ_MODEL_RETRIES": "2",
     }
-    before = os.environ.get("RELAYQ_TEST_LOG")
-    os.environ["RELAYQ_TEST_LOG"] = str(log)
-    worker = Worker(env, home / "worker.log").start()
-    try:
-        yield Durable(env, Settings.from_env(env), log, worker, broker)
-    finally:
-        worker.stop()
-        if before is None:
-            os.environ.pop("RELAYQ_TEST_LOG", None)
-        else:
-            os.environ["RELAYQ_TEST_LOG"] = before
+    with pytest.MonkeyPatch.context() as session_env:  # restored when the session ends
+        session_env.setenv("RELAYQ_TEST_LOG", str(log))
+        worker = Worker(env, home / "worker.log").start()
+        try:
+            yield Durable(env, Settings.from_env(env), log, worker, broker)
+        finally:
+            worker.stop()
 
 
 @pytest.fixture
