@@ -148,9 +148,10 @@ class RecoverySettings:
     """Finished runs unchanged this long are removed by the sweeps, a few each
     (`store.retention`); None keeps them until `relayq purge`."""
     visibility_timeout: timedelta = option("visibility_timeout", default=timedelta(seconds=3600))
-    """Redis redelivers a message not acknowledged within it. Recovery does not wait
-    for it (the sweeper acts within seconds); every time limit and retry countdown
-    stays well below it, or the broker would hand a live turn's message out again."""
+    """Redis redelivers a maintenance message not acknowledged within it (turn and answer
+    messages are held in a worker's memory only, `workers.doorbell`). Recovery does not
+    wait for it (the sweeper acts within seconds); every time limit and retry countdown
+    stays well below it, or the broker would hand a live task's message out again."""
 
     def bounds(self) -> Recovery:
         """The sweeper's bounds (`store.Recovery`)."""

@@ -23,8 +23,9 @@ returns.
 
 Guarantees are those of the durable tasks, unchanged: the claim, the
 ledger and the outbox live in the store; the message stays unacknowledged
-while its turn runs, and a worker that dies leaves it to be redelivered.
-How many run at once is `--concurrency` (the broker prefetches that many).
+while its turn runs, and a worker that dies leaves its run to the sweeper
+(`workers.doorbell`). How many run at once is `--concurrency` (the broker
+prefetches that many).
 
 A lost broker connection: Celery cancels the tasks whose messages can no
 longer be acknowledged (`worker_cancel_long_running_tasks_on_connection_loss`).

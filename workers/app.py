@@ -40,6 +40,7 @@ from tasks.settings import Settings, queue_named
 from workers.batch_queues import BatchQueues
 from workers.broker_heard import BrokerHeard
 from workers.config import celery_config
+from workers.doorbell import doorbell_for
 from workers.embedded import ensure_embedded_redis
 from workers.events import events_from_start
 from workers.metrics import install as install_metrics
@@ -159,6 +160,7 @@ class Consumer(consumer.Consumer):
             return retry(*args, **{**RECONNECT, **kwargs})
 
         conn.ensure_connection = often
+        doorbell_for(conn)
         return super().ensure_connected(conn)
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:

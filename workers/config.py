@@ -22,7 +22,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     sweep_every = settings.recovery.sweep_every.total_seconds()
     worker = {
         # A message is acknowledged only when its task has finished, so a
-        # worker that dies mid-turn leaves it to be delivered again ...
+        # worker that dies mid-task leaves it to be delivered again (by the
+        # sweeper for turns and answers, which workers hold in memory only:
+        # `workers.doorbell`) ...
         "task_acks_late": True,
         # ... also when it was the pool's child process that died.
         "task_reject_on_worker_lost": True,

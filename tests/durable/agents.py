@@ -375,6 +375,16 @@ def later_model(req: InProcessRequest) -> InProcessResponse:
 later = Agent("later", later_model)
 
 
+def much_later_model(req: InProcessRequest) -> InProcessResponse:
+    if note("model", prompt_of(req)) == 1:
+        raise ModelError("429 rate limited", retryable=True, retry_after=120.0)
+    return InProcessResponse(content="came back")
+
+
+much_later = Agent("much-later", much_later_model)
+"""As `later`, its retry two minutes away: a worker holds the message that long."""
+
+
 # Refunds that two people in finance must approve; the one who asked may not.
 REFUND_SCHEMA = {
     "type": "object",

@@ -208,7 +208,8 @@ async def test_a_retry_waiting_in_a_killed_worker_moves_on_within_the_bound(
         await eventually(lambda: get_run(client.db, run_id).attempts == 1, what="the retry")
         version = get_run(client.db, run_id).version
         await eventually(
-            lambda: holds_unacked(spare, run_id), what="the worker to hold the retry's message"
+            lambda: holds_the_retry(spare, run_id),
+            what="the worker to hold the retry's message",
         )
 
         # When the worker is SIGKILLed holding that message, and a new one starts
@@ -216,9 +217,9 @@ async def test_a_retry_waiting_in_a_killed_worker_moves_on_within_the_bound(
         killed_at = time.monotonic()
         spare = spare_workers.restart(spare)
 
-        # Then the message lost with it (still unacknowledged) is sent again, and the run
-        # finishes
-        assert holds_unacked(spare, run_id), "the retry's message died with its worker"
+        # Then the message lost with it (held in its memory only) is sent again, and the
+        # run finishes
+        assert not waits_in_redis(spare, run_id), "the retry's message died with its worker"
         [delay] = await moved_on(client.db, {run_id: version}, killed_at)
         res = await client.result(run_id, wait=True, timeout=60)
     figures(durable, "worker SIGKILLed holding a queued run's retry message", [delay])
@@ -227,10 +228,41 @@ async def test_a_retry_waiting_in_a_killed_worker_moves_on_within_the_bound(
     assert durable.count("model", prompt) == 2
 
 
-def holds_unacked(spare: Durable, run_id: str) -> bool:
-    """Whether a consumer holds a message of the run's, received and not acknowledged
-    (kombu's Redis transport keeps those in `unacked` until the ack), and none waits in
-    the turns queue."""
+@pytest.mark.timeout(120)
+async def test_a_message_its_worker_holds_goes_back_to_its_queue_when_the_worker_stops(
+    durable: Durable, spare_workers: SpareWorkers, prompt: str, eventually: Eventually
+):
+    # Given a worker holding a run's retry message, two minutes before its time
+    spare = spare_workers.start()
+    async with DurableClient(settings=spare.settings) as client:
+        run_id = await client.start("much-later", prompt)
+        await eventually(
+            lambda: holds_the_retry(spare, run_id),
+            what="the worker to hold the retry's message",
+        )
+
+        # When the worker is asked to stop (SIGTERM: a deploy, a scale-down)
+        spare.worker.stop()
+        assert spare.worker.proc is not None
+        assert spare.worker.proc.returncode == 0
+
+        # Then the message waits in its queue again for the next worker, from the
+        # worker's memory (kombu's `unacked` never had it)
+        assert waits_in_redis(spare, run_id), "the retry's message was lost with its worker"
+        assert get_run(client.db, run_id).status == "queued"
+
+
+def holds_the_retry(spare: Durable, run_id: str) -> bool:
+    """Whether the worker, which serves this one run, took the run's second message (its
+    retry) and holds it: neither the turns queue nor kombu's `unacked` hash has it (a
+    turn message is held in the worker's memory only: `workers.doorbell`)."""
+    log = spare.worker.logfile.read_text(errors="replace")
+    received = [line for line in log.splitlines() if line.endswith("] received")]
+    return len(received) >= 2 and not waits_in_redis(spare, run_id)
+
+
+def waits_in_redis(spare: Durable, run_id: str) -> bool:
+    """Whether a message of the run's waits in the turns queue or in kombu's `unacked`."""
     conn = spare.broker.client()
     try:
         unacked = conn.hvals(spare.settings.key_prefix + "unacked")
@@ -238,7 +270,7 @@ def holds_unacked(spare: Durable, run_id: str) -> bool:
     finally:
         conn.close()
     label = f"run={run_id} ".encode()
-    return any(label in m for m in unacked) and not any(label in m for m in queued)
+    return any(label in m for m in [*unacked, *queued])
 
 
 GHOST = """

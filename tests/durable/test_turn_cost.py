@@ -70,10 +70,9 @@ SQLITE_CEILINGS = {
 REDIS_CEILINGS = {
     # One message a turn: the first sent by the host, the others by the worker.
     "LPUSH relayq.turns": 3,
-    # The consumer: each message delivered is noted unacked, then acknowledged, in a
-    # MULTI of two commands each time (kombu's Redis transport).
-    "MULTI": 6, "EXEC": 6,
-    "ZADD unacked_index": 3, "HSET unacked": 3, "ZREM unacked_index": 3, "HDEL unacked": 3,
+    # The consumer takes each message with a BRPOP (not counted: it is also how it waits)
+    # and nothing else: a turn message is held in the worker's memory only, never noted
+    # in kombu's `unacked` (`workers.doorbell`).
     # The provider's limits: a script to take a slot before a model call, one to give it back.
     "EVALSHA limits:{}:state": 6,
     # The provider's circuit: read at most once a model call (a closed one is trusted for
