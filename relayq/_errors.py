@@ -52,6 +52,8 @@
     ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.host.client)
     ├── HostRefused          the API refused a relay host for good: a bad token, a tool it
     │                        may not serve (relayq.hosts)
+    ├── ExportFailed         `relayq purge --export` could not write a chunk of runs: they
+    │                        stay, and the purge stops (cli.purge)
     └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)
 
 The API and the CLI choose a status code and a message from an error's type
@@ -127,7 +129,10 @@ class UnknownRequest(ResumeError):
     """No request has this id (or, in-process, the transcript waits on another)."""
 
     def __init__(self, request_id: str, message: str | None = None) -> None:
-        super().__init__(message or f"unknown request id {request_id!r}", request_id)
+        super().__init__(
+            message or f"unknown request id {request_id!r} (never made, or removed with its run)",
+            request_id,
+        )
         self.args = (request_id, message)
 
 

@@ -44,7 +44,7 @@ class UnknownBatch(RelayqError):
         self.batch_id = batch_id
 
     def __str__(self) -> str:
-        return f"unknown batch id {self.batch_id!r}"
+        return f"unknown batch id {self.batch_id!r} (never made, or removed with its last run)"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -238,6 +238,11 @@ def _use_wal(cur: Any, busy_timeout: float) -> None:
     pause = 0.001
     while True:
         try:
+            # A new file also gives pages a purge frees back to the file system
+            # (`store.retention.give_back_space`); only while it is empty, since on a
+            # file in that mode already the pragma is a write.
+            if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:

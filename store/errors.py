@@ -22,7 +22,7 @@ class UnknownRun(RelayqError):
         self.run_id = run_id
 
     def __str__(self) -> str:
-        return f"unknown run id {self.run_id!r}"
+        return f"unknown run id {self.run_id!r} (never made, or removed once finished)"
 
 
 class JobExists(RelayqError):

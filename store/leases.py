@@ -56,12 +56,12 @@ class UnknownLease(RelayqError):
     """No lease has this id."""
 
     def __init__(self, lease_id: str) -> None:
-        super().__init__(f"unknown lease id {lease_id!r}")
+        super().__init__(f"unknown lease id {lease_id!r} (never granted, or removed with its run)")
         self.args = (lease_id,)
         self.lease_id = lease_id
 
     def __str__(self) -> str:
-        return f"unknown lease id {self.lease_id!r}"
+        return f"unknown lease id {self.lease_id!r} (never granted, or removed with its run)"
 
 
 class LeaseRefused(RelayqError):

@@ -80,6 +80,10 @@ class SweepReport:
     """Requests whose reminder went out."""
     purged: int = 0
     """Finished runs removed for RELAYQ_RETENTION (`store.retention`)."""
+    purged_events: int = 0
+    """Webhook events removed for RELAYQ_WEBHOOK_RETENTION."""
+    purged_decisions: int = 0
+    """Audit rows removed for RELAYQ_AUDIT_RETENTION."""
 
 
 def _always() -> bool:

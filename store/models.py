@@ -291,7 +291,8 @@ class LeaseRow(SQLModel, table=True):
 
 
 class DecisionRow(SQLModel, table=True):
-    """The audit trail: every decision, vote and expiry. Appended, never updated or deleted."""
+    """The audit trail: every decision, vote and expiry. Appended, never updated; removed
+    only for RELAYQ_AUDIT_RETENTION (kept for good by default), never with its run."""
 
     __tablename__ = "relayq_decisions"
 

@@ -1,5 +1,7 @@
 """Finished work removed: `purge_finished` drops runs that ended before a moment, with
-every row that belongs to them alone (issue 25).
+every row that belongs to them alone; `purge_events` the webhook events all of whose
+deliveries are settled, and `purge_decisions` the audit trail's oldest rows, each on a
+retention of its own (issue 25).
 
 A run is removed once it is finished (`FINISHED`) and its last change is older than
 the cut, with its messages, ledger, outbox rows, requests (their votes, relay calls and
@@ -12,11 +14,15 @@ The work goes in small transactions (`chunk` runs each), so none holds SQLite's 
 lock for long beside live work, and a purge cut short leaves whole runs, removed or
 not. Ids are never reused (runs' and requests' are random), so an answer or a lease
 for a removed request is an unknown request: a 404.
+
+On SQLite the pages freed go back to the file system (`give_back_space`) where the file
+was made with incremental auto-vacuum, as `store.db` makes every new one; an older file
+reuses them for new rows, and shrinks only with an offline `VACUUM`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -29,6 +35,7 @@ from store.db import Database
 from store.models import (
     FINISHED,
     BatchRow,
+    DecisionRow,
     DeliveryAttemptRow,
     DeliveryRow,
     EventRow,
@@ -41,11 +48,32 @@ from store.models import (
     RunRow,
     VoteRow,
 )
+from store.run_export import exported
 
-__all__ = ["CHUNK", "Purged", "purge_finished"]
+__all__ = [
+    "CHUNK",
+    "DECISION_CHUNK",
+    "EVENT_CHUNK",
+    "Exporter",
+    "Purged",
+    "give_back_space",
+    "purge_decisions",
+    "purge_events",
+    "purge_finished",
+]
 
 CHUNK = 100
 """Runs a transaction: a few thousand rows at most, tens of milliseconds of SQLite's lock."""
+EVENT_CHUNK = 500
+"""Webhook events a transaction, with their deliveries and attempts."""
+DECISION_CHUNK = 1000
+"""Audit rows a transaction."""
+VACUUM_PAGES = 1000
+"""SQLite pages given back a transaction: about 50 ms of the write lock."""
+
+Exporter = Callable[[list[dict[str, Any]]], None]
+"""Keeps the runs about to be removed, one object a run (`store.run_export`), or raises:
+then the purge stops, and removes none of them."""
 
 KEPT = ("relayq_decisions", "relayq_workers")
 """Tables no purge of runs touches: the audit trail, and the workers' heartbeats."""
@@ -72,32 +100,120 @@ def purge_finished(
     dry_run: bool = False,
     chunk: int = CHUNK,
     limit: int | None = None,
+    export: Exporter | None = None,
 ) -> Purged:
     """Remove the runs finished before `before`, with all that is theirs alone, `chunk`
     runs a transaction, and no more transactions once `limit` runs went; returns what
     went. With `dry_run`, removes nothing (and takes no write lock) and counts what
-    would go."""
+    would go. With `export` (and no `dry_run`), each chunk is read and handed to it
+    first, and only what it took is removed (a run changed meanwhile stays)."""
     purged = Purged()
     counted: set[str] = set()  # a dry run's batches, counted once
     after: tuple[datetime, str] | None = None
     # Other workers sweep too: on PostgreSQL each takes runs no other holds.
     lock = not dry_run and not db.is_sqlite
-    while True:
-        if not dry_run and not _any(db, before, after):
-            return purged  # found by a read: a sweep with nothing to remove takes no lock
+    while limit is None or purged.runs < limit:
+        if not dry_run and not _found(db, _next(before, after, 1, lock=False)):
+            break  # found by a read: a sweep with nothing to remove takes no lock
+        query = _next(before, after, chunk, lock=lock)
+        if export is not None and not dry_run:
+            with db.read() as s:
+                taken = s.exec(_next(before, after, chunk, lock=False)).all()
+                if not taken:
+                    break
+                lines = exported(s, taken)
+            export(lines)
+            after = (taken[-1].updated_at, taken[-1].id)
+            query = query.where(col(RunRow.id).in_([r.id for r in taken]))
         with db.read() if dry_run else db.write() as s:
-            runs = s.exec(_next(before, after, chunk, lock=lock)).all()
-            if not runs:
-                return purged
-            after = (runs[-1].updated_at, runs[-1].id)
-            _remove(s, runs, purged, before if dry_run else None, counted)
-        if limit is not None and purged.runs >= limit:
-            return purged
+            runs = s.exec(query).all()
+            if export is None or dry_run:
+                if not runs:
+                    break
+                after = (runs[-1].updated_at, runs[-1].id)
+            if runs:
+                _remove(s, runs, purged, before if dry_run else None, counted)
+    if purged.runs and not dry_run:
+        give_back_space(db)
+    return purged
 
 
-def _any(db: Database, before: datetime, after: tuple[datetime, str] | None) -> bool:
+def purge_events(
+    db: Database, before: datetime, *, chunk: int = EVENT_CHUNK, limit: int | None = None
+) -> Purged:
+    """Remove the webhook events made before `before` whose deliveries are all settled
+    (delivered, or given up), with those deliveries and their attempts, `chunk` events a
+    transaction; an event with a delivery still pending stays, whatever its age."""
+    purged = Purged()
+    lock = not db.is_sqlite
+    while limit is None or purged.rows.get("relayq_events", 0) < limit:
+        if not _found(db, _settled_events(before, 1, lock=False)):
+            break
+        with db.write() as s:
+            event_ids = list(s.exec(_settled_events(before, chunk, lock=lock)))
+            if not event_ids:
+                break
+            _drop_events(s, event_ids, purged, dry_run=False)
+    if purged.rows:
+        give_back_space(db)
+    return purged
+
+
+def purge_decisions(
+    db: Database, before: datetime, *, chunk: int = DECISION_CHUNK, limit: int | None = None
+) -> int:
+    """Remove the audit trail's rows made before `before`, `chunk` a transaction; returns
+    how many went."""
+    removed = 0
+    lock = not db.is_sqlite
+    oldest = select(DecisionRow.id).where(col(DecisionRow.at) < before)
+    while limit is None or removed < limit:
+        if not _found(db, oldest.limit(1)):
+            break
+        with db.write() as s:
+            query = oldest.order_by(col(DecisionRow.id)).limit(chunk)
+            ids = list(s.exec(query.with_for_update(skip_locked=True) if lock else query))
+            if not ids:
+                break
+            removed += _drop(s, DecisionRow, DecisionRow.id, ids, dry_run=False)
+    if removed:
+        give_back_space(db)
+    return removed
+
+
+def give_back_space(db: Database, *, pages: int = VACUUM_PAGES) -> int:
+    """On SQLite, return the file's free pages to the file system, `pages` a write
+    transaction; returns how many. None on PostgreSQL (autovacuum keeps its tables'
+    space for their new rows), nor on a SQLite file made without incremental
+    auto-vacuum."""
+    if not db.is_sqlite:
+        return 0
+    freed = 0
+    while True:
+        with db.connect() as conn:
+            mode = conn.exec_driver_sql("PRAGMA auto_vacuum").scalar()
+            free = int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
+        if mode != _INCREMENTAL or free == 0:
+            return freed
+        with db.transaction() as conn:
+            # sqlite3 steps a statement once, and `incremental_vacuum` frees a page a
+            # step: so one statement a page, each reset by the next.
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                for _ in range(min(free, pages)):
+                    cursor.execute("PRAGMA incremental_vacuum(1)")
+            finally:
+                cursor.close()
+        freed += min(free, pages)
+
+
+_INCREMENTAL = 2
+"""`PRAGMA auto_vacuum`'s value for incremental."""
+
+
+def _found(db: Database, query: Any) -> bool:
     with db.read() as s:
-        return s.exec(_next(before, after, 1, lock=False)).first() is not None
+        return s.exec(query).first() is not None
 
 
 def _purgeable(before: datetime) -> list[Any]:
@@ -126,6 +242,44 @@ def _next(before: datetime, after: tuple[datetime, str] | None, chunk: int, *, l
     return query.with_for_update(skip_locked=True) if lock else query
 
 
+def _settled_events(before: datetime, chunk: int, *, lock: bool) -> Any:
+    """The oldest `chunk` events made before `before` with no delivery still pending."""
+    pending = select(DeliveryRow.id).where(
+        DeliveryRow.event_id == EventRow.id, DeliveryRow.state == "pending"
+    )
+    query = (
+        select(EventRow.id)
+        .where(col(EventRow.created_at) < before, ~pending.exists())
+        .order_by(col(EventRow.created_at))
+        .limit(chunk)
+    )
+    return query.with_for_update(skip_locked=True) if lock else query
+
+
+def _drop(s: Session, model: Any, column: Any, ids: Sequence[Any], *, dry_run: bool) -> int:
+    """Delete (or, in a dry run, count) `model`'s rows whose `column` is in `ids`."""
+    if not ids:
+        return 0
+    where = col(column).in_(ids)
+    if dry_run:
+        return int(s.exec(select(func.count()).select_from(model).where(where)).one())
+    return int(s.execute(delete(model).where(where)).rowcount)  # type: ignore[attr-defined]
+
+
+def _drop_events(s: Session, event_ids: Sequence[str], purged: Purged, *, dry_run: bool) -> None:
+    """The events, with their deliveries and the deliveries' attempts."""
+    delivery_ids = list(
+        s.exec(select(DeliveryRow.id).where(col(DeliveryRow.event_id).in_(event_ids)))
+    )
+    for model, column, ids in (
+        (DeliveryAttemptRow, DeliveryAttemptRow.delivery_id, delivery_ids),
+        (DeliveryRow, DeliveryRow.id, delivery_ids),
+        (EventRow, EventRow.id, event_ids),
+    ):
+        if ids:
+            purged.add(model.__tablename__, _drop(s, model, column, ids, dry_run=dry_run))
+
+
 def _remove(
     s: Session,
     runs: Sequence[RunRow],
@@ -138,23 +292,12 @@ def _remove(
     run_ids = [r.id for r in runs]
     request_ids = list(s.exec(select(RequestRow.id).where(col(RequestRow.run_id).in_(run_ids))))
     event_ids = list(s.exec(select(EventRow.id).where(col(EventRow.run_id).in_(run_ids))))
-    delivery_ids = list(
-        s.exec(select(DeliveryRow.id).where(col(DeliveryRow.event_id).in_(event_ids)))
-    )
 
     def drop(model: Any, column: Any, ids: Sequence[Any]) -> None:
-        if not ids:
-            return
-        where = col(column).in_(ids)
-        if dry_run:
-            count = s.exec(select(func.count()).select_from(model).where(where)).one()
-        else:
-            count = s.execute(delete(model).where(where)).rowcount  # type: ignore[attr-defined]
-        purged.add(model.__tablename__, int(count))
+        if ids:
+            purged.add(model.__tablename__, _drop(s, model, column, ids, dry_run=dry_run))
 
-    drop(DeliveryAttemptRow, DeliveryAttemptRow.delivery_id, delivery_ids)
-    drop(DeliveryRow, DeliveryRow.id, delivery_ids)
-    drop(EventRow, EventRow.id, event_ids)
+    _drop_events(s, event_ids, purged, dry_run=dry_run)
     drop(VoteRow, VoteRow.request_id, request_ids)
     drop(LeaseRow, LeaseRow.request_id, request_ids)
     drop(RelayCallRow, RelayCallRow.request_id, request_ids)

@@ -23,7 +23,8 @@ async def _sweep(rt: Runtime) -> str:
     return (
         f"sent {len(report.outbox)}, requeued {len(report.requeued)}, "
         f"freed {len(report.freed)}, resent {len(report.resent)}, "
-        f"reapplied {len(report.reapplied)}, expired {report.expired}, purged {report.purged}"
+        f"reapplied {len(report.reapplied)}, expired {report.expired}, purged {report.purged} "
+        f"runs, {report.purged_events} events, {report.purged_decisions} decisions"
     )
 
 

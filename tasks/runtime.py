@@ -46,7 +46,13 @@ from store.errors import safe_text
 from store.maintenance import SweepReport
 from store.outbox import ANSWER_QUEUE, TURN_QUEUE, sent_at
 from store.retention import CHUNK as RETENTION_CHUNK
-from store.retention import purge_finished
+from store.retention import (
+    DECISION_CHUNK,
+    EVENT_CHUNK,
+    purge_decisions,
+    purge_events,
+    purge_finished,
+)
 from store.workers import HOSTNAME
 from tasks.broker.announce import RunAnnouncer
 from tasks.broker.dispatch import BrokerDispatch, Dispatch
@@ -301,13 +307,26 @@ class Runtime:
             heartbeats_steady=self.heartbeat.steady,
         )
         await self.dispatch(report.outbox)
-        retention = self.settings.recovery.retention
-        if retention is not None:
-            # One transaction's worth a sweep: every worker sweeps every few seconds.
-            before = datetime.now(UTC) - retention
-            purged = await self.io(purge_finished, self.db, before, limit=RETENTION_CHUNK)
-            report.purged = purged.runs
+        await self._retain(report)
         return report
+
+    async def _retain(self, report: SweepReport) -> None:
+        """What the retentions let go: one transaction's worth of each a sweep, since every
+        worker sweeps every few seconds (`store.retention`)."""
+        now = datetime.now(UTC)
+        runs = self.settings.recovery.retention
+        if runs is not None:
+            purged = await self.io(purge_finished, self.db, now - runs, limit=RETENTION_CHUNK)
+            report.purged = purged.runs
+        events = self.settings.webhooks.retention
+        if events is not None:
+            gone = await self.io(purge_events, self.db, now - events, limit=EVENT_CHUNK)
+            report.purged_events = gone.rows.get("relayq_events", 0)
+        audit = self.settings.recovery.audit_retention
+        if audit is not None:
+            report.purged_decisions = await self.io(
+                purge_decisions, self.db, now - audit, limit=DECISION_CHUNK
+            )
 
     def _waiting(self) -> dict[str, datetime | None] | None:
         """When the oldest message still in each queue (at any priority) was sent; a

@@ -147,6 +147,11 @@ class RecoverySettings:
     retention: timedelta | None = option("retention", parse=age, default=None, shown="off")
     """Finished runs unchanged this long are removed by the sweeps, a few each
     (`store.retention`); None keeps them until `relayq purge`."""
+    audit_retention: timedelta | None = option(
+        "audit_retention", parse=age, default=None, shown="off"
+    )
+    """The audit trail's decisions older than this are removed by the sweeps; None keeps
+    them for good (they outlive their runs: each names its run, request, agent and tool)."""
     visibility_timeout: timedelta = option("visibility_timeout", default=timedelta(seconds=3600))
     """Redis redelivers a maintenance message not acknowledged within it (turn and answer
     messages are held in a worker's memory only, `workers.doorbell`). Recovery does not
@@ -201,6 +206,11 @@ class WebhookSettings:
     """What one attempt may take, from connecting to the reply's status."""
     concurrency: int = option("webhook_concurrency", parse=count(1), default=16)
     """Webhook requests in flight at once, per worker process."""
+    retention: timedelta | None = option(
+        "webhook_retention", parse=age, default=timedelta(days=7), shown="7d"
+    )
+    """Events older than this, with every delivery of theirs delivered or given up, are
+    removed by the sweeps with their deliveries and attempts; None keeps them."""
 
 
 @dataclass(frozen=True, kw_only=True)

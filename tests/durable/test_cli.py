@@ -520,7 +520,10 @@ def test_an_unknown_request_id_is_refused_and_changes_nothing(
 ):
     before = store_snapshot(durable)
     line = one_error_line(cli("answer", "req_nosuchrequest", "--output", "x"))
-    assert line == "relayq: error: unknown request id 'req_nosuchrequest'"
+    assert line == (
+        "relayq: error: unknown request id 'req_nosuchrequest' "
+        "(never made, or removed with its run)"
+    )
     assert store_snapshot(durable) == before
 
 
@@ -552,10 +555,10 @@ def test_an_unknown_agent_is_refused_and_starts_nothing(
 
 def test_unknown_run_ids_are_refused(cli: Callable[..., Result]):
     assert one_error_line(cli("show", "run_nosuchrun")) == (
-        "relayq: error: unknown run id 'run_nosuchrun'"
+        "relayq: error: unknown run id 'run_nosuchrun' (never made, or removed once finished)"
     )
     assert one_error_line(cli("cancel", "run_nosuchrun")) == (
-        "relayq: error: unknown run id 'run_nosuchrun'"
+        "relayq: error: unknown run id 'run_nosuchrun' (never made, or removed once finished)"
     )
 
 
@@ -799,7 +802,8 @@ def test_show_of_a_request_names_its_run_and_agent_then_shows_the_run(
     assert request_lines[2:] == run_lines[1:]
     # ... and an unknown request is one line
     assert one_error_line(alone("show", "req_nosuchrequest")) == (
-        "relayq: error: unknown request id 'req_nosuchrequest'"
+        "relayq: error: unknown request id 'req_nosuchrequest' "
+        "(never made, or removed with its run)"
     )
 
 

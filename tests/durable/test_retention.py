@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from store.models import RunRow, utcnow
+from sqlmodel import select
+
+from store.models import DecisionRow, DeliveryRow, EventRow, RunRow, utcnow
 from tasks import DurableClient
 
 from .conftest import Eventually, SpareWorkers
@@ -40,5 +42,44 @@ async def test_a_worker_sweeping_removes_runs_finished_longer_ago_than_the_reten
         await eventually(gone, timeout=30, what="the old run removed by a sweep")
         with client.db.read() as s:
             assert s.get(RunRow, recent) is not None
+    finally:
+        client.close()
+
+
+async def test_a_worker_sweeping_removes_settled_webhook_events_and_old_audit_rows(
+    spare_workers: SpareWorkers, private_database: str, eventually: Eventually
+):
+    # Given a worker keeping webhook events 7 days and the audit trail 90 days, with a
+    # settled event and a decision older than that, and a pending event as old
+    spare = spare_workers.start(
+        RELAYQ_DATABASE_URL=private_database,
+        RELAYQ_WEBHOOK_RETENTION="7d",
+        RELAYQ_AUDIT_RETENTION="90d",
+        RELAYQ_SWEEP_EVERY="0.5",
+    )
+    client = DurableClient(settings=spare.settings)
+    try:
+        old = utcnow() - timedelta(days=100)
+        with client.db.write() as s:
+            for event_id, state in (("ev_settled", "delivered"), ("ev_pending", "pending")):
+                s.add(EventRow(id=event_id, type="run.finished", created_at=old))
+                s.add(DeliveryRow(event_id=event_id, endpoint="ops", state=state,
+                                  next_at=old + timedelta(days=365), created_at=old))  # fmt: skip
+            s.add(DecisionRow(request_id="req_old", run_id="run_old", agent="refunds",
+                              actor="alice", via="inbox", outcome="approved", at=old))  # fmt: skip
+
+        # Then a sweep removes the settled event and the old decision; the pending stays
+        def swept() -> bool:
+            with client.db.read() as s:
+                return (
+                    s.get(EventRow, "ev_settled") is None
+                    and not s.exec(
+                        select(DecisionRow).where(DecisionRow.request_id == "req_old")
+                    ).all()
+                )
+
+        await eventually(swept, timeout=30, what="the old event and decision removed")
+        with client.db.read() as s:
+            assert s.get(EventRow, "ev_pending") is not None
     finally:
         client.close()

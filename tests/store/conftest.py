@@ -125,6 +125,13 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
 
 
 @pytest.fixture
+def lite(migrated_sqlite: Path, tmp_path: Path) -> Iterator[Database]:
+    """A migrated, empty store on SQLite, for what only SQLite can show."""
+    with _sqlite(migrated_sqlite, tmp_path) as database:
+        yield database
+
+
+@pytest.fixture
 def pg(request: pytest.FixtureRequest) -> Iterator[Database]:
     """A migrated, empty store on PostgreSQL, for what only PostgreSQL can show."""
     with _postgres(request) as database:

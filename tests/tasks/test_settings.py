@@ -124,3 +124,14 @@ def test_retention_reads_an_age_or_off(given, kept):
 def test_a_retention_that_is_no_age_is_refused_naming_the_variable(given):
     with pytest.raises(ValueError, match="RELAYQ_RETENTION must be an age"):
         Settings.from_env({"RELAYQ_RETENTION": given})
+
+
+def test_webhook_events_are_kept_a_week_and_the_audit_trail_for_good_unless_told():
+    defaults = Settings.from_env({})
+    assert defaults.webhooks.retention == timedelta(days=7)
+    assert defaults.recovery.audit_retention is None
+    told = Settings.from_env({"RELAYQ_WEBHOOK_RETENTION": "off", "RELAYQ_AUDIT_RETENTION": "1w"})
+    assert told.webhooks.retention is None
+    assert told.recovery.audit_retention == timedelta(weeks=1)
+    with pytest.raises(ValueError, match="RELAYQ_AUDIT_RETENTION must be an age"):
+        Settings.from_env({"RELAYQ_AUDIT_RETENTION": "forever"})

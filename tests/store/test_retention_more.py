@@ -1,0 +1,211 @@
+"""The retentions besides the runs' (`store.retention`), on SQLite and PostgreSQL: webhook
+events once settled, the audit trail, the export a purge writes first, and SQLite's space
+given back."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlmodel import col, select
+
+from store import Database
+from store.models import (
+    DecisionRow,
+    DeliveryAttemptRow,
+    DeliveryRow,
+    EventRow,
+    MessageRow,
+    RunRow,
+    utcnow,
+)
+from store.retention import give_back_space, purge_decisions, purge_events, purge_finished
+
+from .test_retention import DAY, ROOT, finished_run
+
+
+def event(s: Any, event_id: str, *, age_days: float, states: tuple[str, ...]) -> None:
+    """An event made `age_days` ago, with a delivery (and its attempt) in each state."""
+    at = utcnow() - age_days * DAY
+    s.add(EventRow(id=event_id, type="request.opened", created_at=at))
+    for n, state in enumerate(states):
+        delivery = DeliveryRow(
+            event_id=event_id, endpoint=f"hook{n}", state=state, next_at=at, created_at=at
+        )
+        s.add(delivery)
+        s.flush()
+        assert delivery.id is not None
+        s.add(
+            DeliveryAttemptRow(
+                delivery_id=delivery.id, event_id=event_id, endpoint=f"hook{n}", attempt=1, at=at
+            )
+        )
+
+
+def test_webhook_events_go_once_settled_and_old_with_their_deliveries(db: Database):
+    # Given events 8 days old (delivered; given up; one of two deliveries pending; none
+    # wanted), and one delivered yesterday
+    with db.write() as s:
+        event(s, "ev_delivered", age_days=8, states=("delivered",))
+        event(s, "ev_failed", age_days=8, states=("failed", "delivered"))
+        event(s, "ev_pending", age_days=8, states=("delivered", "pending"))
+        event(s, "ev_unwanted", age_days=8, states=())
+        event(s, "ev_recent", age_days=1, states=("delivered",))
+
+    # When events are kept 7 days, two a transaction
+    purged = purge_events(db, utcnow() - 7 * DAY, chunk=2)
+
+    # Then the old settled ones went with their deliveries and attempts; a pending
+    # delivery keeps its event, and a recent event stays
+    with db.read() as s:
+        left = set(s.exec(select(EventRow.id)))
+        deliveries = {d.event_id for d in s.exec(select(DeliveryRow))}
+        attempts = {a.event_id for a in s.exec(select(DeliveryAttemptRow))}
+    assert left == {"ev_pending", "ev_recent"}
+    assert deliveries == attempts == {"ev_pending", "ev_recent"}
+    assert purged.rows == {
+        "relayq_events": 3,
+        "relayq_deliveries": 3,
+        "relayq_delivery_attempts": 3,
+    }
+    assert purge_events(db, utcnow() - 7 * DAY).rows == {}
+
+
+def decision(run_id: str, *, age_days: float) -> DecisionRow:
+    return DecisionRow(
+        request_id=f"req_{run_id}", run_id=run_id, agent="refunds", tool="refund",
+        actor="alice", via="inbox", outcome="approved", at=utcnow() - age_days * DAY,
+    )  # fmt: skip
+
+
+async def test_the_audit_trail_outlives_its_runs_and_goes_only_past_its_own_retention(
+    db: Database,
+):
+    # Given a run finished 40 days ago (its decision made then), and decisions of a year
+    # ago and of last week
+    await finished_run(db, "run_old")
+    with db.write() as s:
+        s.add_all([decision("run_ancient", age_days=365), decision("run_week", age_days=7)])
+
+    # When the run is purged: its decision stays, naming its run, agent and tool
+    assert purge_finished(db, utcnow() - 30 * DAY).runs == 1
+    with db.read() as s:
+        kept = s.exec(select(DecisionRow).where(DecisionRow.run_id == "run_old")).all()
+    assert kept
+    assert all(d.agent and d.request_id and d.actor for d in kept)
+
+    # When the audit trail is kept 90 days, one row a transaction
+    assert purge_decisions(db, utcnow() - 90 * DAY, chunk=1) == 1
+
+    # Then only the year-old decision went
+    with db.read() as s:
+        runs = {d.run_id for d in s.exec(select(DecisionRow))}
+    assert "run_ancient" not in runs
+    assert {"run_old", "run_week"} <= runs
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_an_export_takes_each_run_before_it_goes_and_one_it_could_not_keep_stays(
+    db: Database,
+):
+    # Given five runs finished 40 days ago, two in one batch
+    for n in range(5):
+        await finished_run(db, f"run_{n}", batch_id="batch_pair" if n < 2 else None)
+    written: list[dict[str, Any]] = []
+
+    def keeps_two_chunks(runs: list[dict[str, Any]]) -> None:
+        if len(written) >= 4:
+            raise OSError(28, "No space left on device")
+        written.extend(runs)
+
+    # When a purge two runs a transaction exports each chunk first, and the third fails
+    with pytest.raises(OSError, match="No space"):
+        purge_finished(db, utcnow() - 30 * DAY, chunk=2, export=keeps_two_chunks)
+
+    # Then the four runs exported went, and the one it could not export stays
+    gone = {line["run"]["id"] for line in written}
+    assert len(gone) == 4
+    with db.read() as s:
+        left = set(s.exec(select(RunRow.id).where(col(RunRow.id).like("run_%"))))
+    assert left == {f"run_{n}" for n in range(5)} - gone
+    # ... and each line held the run, its transcript, requests, decisions, batch and job
+    line = next(x for x in written if x["run"]["id"] == "run_0")
+    assert set(line) == {"run", "transcript", "requests", "decisions", "batch", "job"}
+    assert [m["role"] for m in line["transcript"]][:2] == ["user", "assistant"]
+    assert line["requests"][0]["run_id"] == "run_0"
+    assert line["decisions"]
+    assert line["batch"]["id"] == "batch_pair"
+    assert line["job"] == {"id": None, "index": None}
+
+
+async def test_relayq_purge_export_writes_a_line_a_run_and_refuses_what_it_cannot(
+    db: Database, tmp_path: Path
+):
+    # Given two old finished runs, and `relayq purge` on their store
+    for n in range(2):
+        await finished_run(db, f"run_{n}")
+    url = db.engine.url.render_as_string(hide_password=False)
+    env = {**os.environ, "RELAYQ_HOME": str(tmp_path), "RELAYQ_DATABASE_URL": url}
+
+    def purge(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", "purge", "--finished-before", "30d", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    # When the export's folder is a file, or the purge is a dry run: a clear error, and
+    # nothing removed
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    refused = [purge("--export", str(blocker)), purge("--export", str(tmp_path), "--dry-run")]
+    for bad in refused:
+        assert bad.returncode != 0
+        assert bad.stderr.startswith("relayq: error: "), bad.stderr
+    with db.read() as s:
+        assert len(s.exec(select(RunRow.id)).all()) == 2
+
+    # When it exports to a new folder
+    done = purge("--export", str(tmp_path / "archive"))
+
+    # Then one line a run went to a new file only its owner reads, and the runs went
+    assert done.returncode == 0, done.stderr
+    [path] = (tmp_path / "archive").iterdir()
+    assert f"wrote 2 runs to {path}" in done.stdout.replace("\n", "")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    lines = read_lines(path)
+    assert sorted(line["run"]["id"] for line in lines) == ["run_0", "run_1"]
+    with db.read() as s:
+        assert s.exec(select(RunRow.id)).all() == []
+        assert s.exec(select(MessageRow.run_id)).all() == []
+
+
+async def test_a_purge_gives_sqlite_its_space_back(lite: Database):
+    db = lite
+    # Given a new store (made with incremental auto-vacuum) with 30 old finished runs
+    for n in range(30):
+        await finished_run(db, f"run_{n}")
+    with db.connect() as conn:
+        assert conn.execute(text("PRAGMA auto_vacuum")).scalar() == 2
+        before = conn.execute(text("PRAGMA page_count")).scalar()
+
+    # When they are purged
+    purge_finished(db, utcnow() - 30 * DAY, chunk=10)
+
+    # Then no free page is left in the file: the file is smaller
+    with db.connect() as conn:
+        assert conn.execute(text("PRAGMA freelist_count")).scalar() == 0
+        after = conn.execute(text("PRAGMA page_count")).scalar()
+    assert after is not None
+    assert before is not None
+    assert after < before
+    assert give_back_space(db) == 0
