@@ -132,7 +132,7 @@ def purge_finished(
                     break
                 after = (runs[-1].updated_at, runs[-1].id)
             if runs:
-                _remove(s, runs, purged, before if dry_run else None, counted)
+                _remove(s, runs, purged, before if dry_run else None, counted, lock=lock)
     if purged.runs and not dry_run:
         give_back_space(db)
     return purged
@@ -286,12 +286,18 @@ def _remove(
     purged: Purged,
     dry_before: datetime | None,
     counted: set[str],
+    *,
+    lock: bool,
 ) -> None:
-    """Remove `runs` and what is theirs; with `dry_before` (a dry run's cut), count it."""
+    """Remove `runs` and what is theirs; with `dry_before` (a dry run's cut), count it.
+    With `lock` (PostgreSQL), the runs' events are locked before their deliveries are
+    touched, the order `purge_events` keeps too: a sweep removing the same settled
+    events meanwhile is waited for, never deadlocked with."""
     dry_run = dry_before is not None
     run_ids = [r.id for r in runs]
     request_ids = list(s.exec(select(RequestRow.id).where(col(RequestRow.run_id).in_(run_ids))))
-    event_ids = list(s.exec(select(EventRow.id).where(col(EventRow.run_id).in_(run_ids))))
+    events = select(EventRow.id).where(col(EventRow.run_id).in_(run_ids))
+    event_ids = list(s.exec(events.with_for_update() if lock else events))
 
     def drop(model: Any, column: Any, ids: Sequence[Any]) -> None:
         if ids:

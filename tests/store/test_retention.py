@@ -30,6 +30,7 @@ from store.models import (
     utcnow,
 )
 from store.retention import KEPT, Purged, purge_finished
+from tests import forkserver
 
 from .driver import halt_on_relay, run_turn, start
 
@@ -207,7 +208,7 @@ async def test_relayq_purge_counts_then_removes_and_refuses_a_bad_age(db: Databa
     env = {**os.environ, "RELAYQ_HOME": str(tmp_path), "RELAYQ_DATABASE_URL": url}
 
     def purge(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return forkserver.run(
             [sys.executable, "-m", "cli.main", "purge", *args],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip

@@ -4,6 +4,7 @@ given back."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import text, update
 from sqlmodel import col, select
 
 from store import Database
@@ -27,6 +28,7 @@ from store.models import (
     utcnow,
 )
 from store.retention import give_back_space, purge_decisions, purge_events, purge_finished
+from tests import forkserver
 
 from .test_retention import DAY, ROOT, finished_run
 
@@ -158,7 +160,7 @@ async def test_relayq_purge_export_writes_a_line_a_run_and_refuses_what_it_canno
     env = {**os.environ, "RELAYQ_HOME": str(tmp_path), "RELAYQ_DATABASE_URL": url}
 
     def purge(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return forkserver.run(
             [sys.executable, "-m", "cli.main", "purge", "--finished-before", "30d", *args],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
@@ -209,3 +211,33 @@ async def test_a_purge_gives_sqlite_its_space_back(lite: Database):
     assert before is not None
     assert after < before
     assert give_back_space(db) == 0
+
+
+async def test_a_purge_of_runs_and_a_sweep_of_events_racing_over_the_same_rows_both_finish(
+    pg: Database,
+):
+    # Given 120 runs finished 40 days ago, each with a settled event (delivered, with
+    # its attempt), as a purge meets them beside the sweeps' webhook retention
+    db = pg
+    for n in range(120):
+        await finished_run(db, f"run_{n}")
+    with db.write() as s:
+        s.execute(update(DeliveryRow).values(state="delivered"))
+
+    # When a purge of the runs and a purge of the events race, a few rows a transaction
+    async def both() -> list[Any]:
+        return await asyncio.gather(
+            asyncio.to_thread(purge_finished, db, utcnow() - 30 * DAY, chunk=5),
+            asyncio.to_thread(purge_events, db, utcnow() - 7 * DAY, chunk=5),
+            asyncio.to_thread(purge_events, db, utcnow() - 7 * DAY, chunk=3),
+            return_exceptions=True,
+        )
+
+    outcomes = await both()
+
+    # Then neither failed (no deadlock), and nothing of the runs is left
+    assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+    with db.read() as s:
+        assert s.exec(select(RunRow.id)).all() == []
+        assert s.exec(select(EventRow.id)).all() == []
+        assert s.exec(select(DeliveryAttemptRow.id)).all() == []
