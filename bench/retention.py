@@ -3,7 +3,7 @@
     python -m bench.retention                     # 200,000 finished runs of 3 turns
     python -m bench.retention --runs 20000 --stores sqlite
 
-For each store, a fresh one is seeded with `--runs` runs that finished 40 days ago,
+For each store, a fresh one is seeded with `--runs` runs that finished 60 to 48 days ago,
 each with the rows a run of 3 turns with a local tool leaves: its 6 messages, 2
 ledger rows, and a `run.finished` event delivered to a webhook (its delivery and
 attempt). One asyncio worker serves interactive runs (one turn, the model answering
@@ -80,11 +80,12 @@ class Figures:
 
 def seed_rows(first: int, count: int) -> dict[type[SQLModel], list[dict[str, Any]]]:
     """`count` runs, numbered from `first`, as a 3-turn run with a local tool leaves them."""
-    at = utcnow() - timedelta(days=40)
+    start = utcnow() - timedelta(days=60)
     rows: dict[type[SQLModel], list[dict[str, Any]]] = {
         m: [] for m in (RunRow, MessageRow, LedgerRow, EventRow, DeliveryRow, DeliveryAttemptRow)
     }
     for n in range(first, first + count):
+        at = start + timedelta(seconds=5 * n)  # a run finished every 5 s, 60 to 48 days ago
         run_id = f"run_seed{n:08d}"
         rows[RunRow].append({
             "id": run_id, "agent": "bench", "conversation_id": run_id, "status": "done",
