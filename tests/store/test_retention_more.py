@@ -225,7 +225,7 @@ async def test_a_purge_of_runs_and_a_sweep_of_events_racing_over_the_same_rows_b
         s.execute(update(DeliveryRow).values(state="delivered"))
 
     # When a purge of the runs and a purge of the events race, a few rows a transaction
-    async def both() -> list[Any]:
+    async def both() -> tuple[object, ...]:
         return await asyncio.gather(
             asyncio.to_thread(purge_finished, db, utcnow() - 30 * DAY, chunk=5),
             asyncio.to_thread(purge_events, db, utcnow() - 7 * DAY, chunk=5),
