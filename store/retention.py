@@ -189,12 +189,14 @@ def give_back_space(db: Database, *, pages: int = VACUUM_PAGES) -> int:
     auto-vacuum."""
     if not db.is_sqlite:
         return 0
+    with db.connect() as conn:
+        if conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() != _INCREMENTAL:
+            return 0
     freed = 0
     while True:
         with db.connect() as conn:
-            mode = conn.exec_driver_sql("PRAGMA auto_vacuum").scalar()
             free = int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
-        if mode != _INCREMENTAL or free == 0:
+        if free == 0:
             return freed
         with db.transaction() as conn:
             # sqlite3 steps a statement once, and `incremental_vacuum` frees a page a

@@ -204,13 +204,8 @@ async def test_a_retry_waiting_in_a_killed_worker_moves_on_within_the_bound(
     # in the worker (received, not acknowledged) for its time to come
     spare = spare_workers.start()
     async with DurableClient(settings=spare.settings) as client:
-        run_id = await client.start("later", prompt)
-        await eventually(lambda: get_run(client.db, run_id).attempts == 1, what="the retry")
+        run_id = await holding_a_retry(spare, client, "later", prompt, eventually)
         version = get_run(client.db, run_id).version
-        await eventually(
-            lambda: holds_the_retry(spare, run_id),
-            what="the worker to hold the retry's message",
-        )
 
         # When the worker is SIGKILLed holding that message, and a new one starts
         spare_workers.kill(spare)
@@ -235,11 +230,7 @@ async def test_a_message_its_worker_holds_goes_back_to_its_queue_when_the_worker
     # Given a worker holding a run's retry message, two minutes before its time
     spare = spare_workers.start()
     async with DurableClient(settings=spare.settings) as client:
-        run_id = await client.start("much-later", prompt)
-        await eventually(
-            lambda: holds_the_retry(spare, run_id),
-            what="the worker to hold the retry's message",
-        )
+        run_id = await holding_a_retry(spare, client, "much-later", prompt, eventually)
 
         # When the worker is asked to stop (SIGTERM: a deploy, a scale-down)
         spare.worker.stop()
@@ -250,6 +241,18 @@ async def test_a_message_its_worker_holds_goes_back_to_its_queue_when_the_worker
         # worker's memory (kombu's `unacked` never had it)
         assert waits_in_redis(spare, run_id), "the retry's message was lost with its worker"
         assert get_run(client.db, run_id).status == "queued"
+
+
+async def holding_a_retry(
+    spare: Durable, client: DurableClient, agent: str, prompt: str, eventually: Eventually
+) -> str:
+    """A run of `agent` started on `spare`, once its worker holds the run's retry message."""
+    run_id = await client.start(agent, prompt)
+    await eventually(lambda: get_run(client.db, run_id).attempts == 1, what="the retry")
+    await eventually(
+        lambda: holds_the_retry(spare, run_id), what="the worker to hold the retry's message"
+    )
+    return run_id
 
 
 def holds_the_retry(spare: Durable, run_id: str) -> bool:
