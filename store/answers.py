@@ -45,7 +45,7 @@ from store.budgets import budget_answered
 from store.db import Database
 from store.events import emit_about
 from store.messages import conversation, write_messages
-from store.models import OutboxRow, RelayCallRow, RequestRow, RunRow, utcnow
+from store.models import OutboxRow, RelayCallRow, RequestRow, RunRow, VoteRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
 from store.paging import MAX_PAGE
 from store.requests import (
@@ -57,7 +57,7 @@ from store.requests import (
 )
 from store.runs import cancel_locked, fail_locked, label_of
 from store.transitions import move
-from store.votes import vote
+from store.votes import vote, votes_on
 
 __all__ = [
     "MAX_BULK",
@@ -187,15 +187,20 @@ def accept_many(
     refused: list[tuple[str, str]] = []
     accepted: list[Accepted] = []
     now = utcnow()
-    # No flush before each query: what one request's decision wrote, the next one's
-    # queries never read (each flushes what its own tally needs).
+    # Read and lock in a few statements, not a few per request: a bulk decision is
+    # up to MAX_BULK of them, and each round trip to the store counts.
     with db.write() as s, s.no_autoflush:
-        # In one order, so two bulk decisions lock their runs without deadlock.
+        held = _lock_many(s, [answer.id for answer, _ in answers])
+        cast = votes_on(s, list(held))
         for answer, seen in sorted(answers, key=lambda pair: pair[0].id):
+            row, run = held.get(answer.id, (None, None))
             try:
-                if seen is not None:
-                    _check_revision(s, answer.id, seen)
-                accepted.append(_accept(s, answer, decider, partial=False, now=now, decision=False))
+                _check_revision(row, seen)
+                taken = _accept(
+                    s, answer, decider, partial=False, now=now, decision=False, held=(row, run),
+                    cast=cast.get(answer.id, []),
+                )  # fmt: skip
+                accepted.append(taken)
             except ResumeError as exc:
                 refused.append((answer.id, str(exc)))
         if refused:
@@ -203,18 +208,62 @@ def accept_many(
     return accepted
 
 
-def _check_revision(s: Session, request_id: str, seen: int) -> None:
-    revision = s.exec(select(RequestRow.revision).where(RequestRow.id == request_id)).first()
-    if revision is not None and revision != seen:
-        raise RequestClosed(
-            request_id, "changed", f"request {request_id} was decided or voted on since"
+def _check_revision(row: RequestRow | None, seen: int | None) -> None:
+    if row is not None and seen is not None and row.revision != seen:
+        raise RequestClosed(row.id, "changed", f"request {row.id} was decided or voted on since")
+
+
+def _lock_many(s: Session, request_ids: list[str]) -> dict[str, tuple[RequestRow, RunRow | None]]:
+    """Each request and its run, locked runs first as `_lock` locks one (and in one
+    order, so two bulk decisions lock their runs without deadlock)."""
+    run_ids = {
+        request_id: run_id
+        for at in range(0, len(request_ids), MAX_BULK)
+        for request_id, run_id in s.exec(
+            select(RequestRow.id, RequestRow.run_id).where(
+                col(RequestRow.id).in_(request_ids[at : at + MAX_BULK])
+            )
         )
+    }
+    wanted = sorted(set(run_ids.values()))
+    runs = {
+        run.id: run
+        for at in range(0, len(wanted), MAX_BULK)
+        for run in s.exec(
+            select(RunRow)
+            .where(col(RunRow.id).in_(wanted[at : at + MAX_BULK]))
+            .order_by(col(RunRow.id))
+            .with_for_update()
+        )
+    }
+    ids = sorted(run_ids)
+    rows = [
+        row
+        for at in range(0, len(ids), MAX_BULK)
+        for row in s.exec(
+            select(RequestRow)
+            .where(col(RequestRow.id).in_(ids[at : at + MAX_BULK]))
+            .order_by(col(RequestRow.id))
+            .with_for_update()
+        )
+    ]
+    return {row.id: (row, runs.get(row.run_id)) for row in rows}
 
 
 def _accept(
-    s: Session, answer: Answer, who: Decider, *, partial: bool, now: datetime, decision: bool
+    s: Session,
+    answer: Answer,
+    who: Decider,
+    *,
+    partial: bool,
+    now: datetime,
+    decision: bool,
+    held: tuple[RequestRow | None, RunRow | None] | None = None,
+    cast: list[VoteRow] | None = None,
 ) -> Accepted:
-    row, run = _lock(s, answer.id)
+    """Accept `answer`; `held`: its request and run where the caller locked them already,
+    `cast`: the request's votes so far, where it read them (a bulk decision)."""
+    row, run = _lock(s, answer.id) if held is None else held
     if row is None:
         raise UnknownRequest(answer.id)
     _check_open(s, row, now)
@@ -223,7 +272,7 @@ def _accept(
     if decision and not is_approval(request):
         raise NotAnApproval(row.id, row.kind)
     if is_approval(request):
-        resolved = vote(s, row, run, request, answer, who, partial=partial, now=now)
+        resolved = vote(s, row, run, request, answer, who, partial=partial, now=now, cast=cast)
         row.revision += 1
         if resolved is None:
             return Accepted(run_id=row.run_id, complete=False, outbox=[])

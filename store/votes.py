@@ -10,6 +10,7 @@ quorum (they approved something else). Every vote is kept, one per person
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "proposed_arguments",
     "vote",
     "votes_of",
+    "votes_on",
 ]
 
 
@@ -71,13 +73,27 @@ def check_may_decide(row: RequestRow, run: RunRow, decider: Decider) -> None:
 
 def current_arguments(s: Session, row: RequestRow, request: Request) -> dict[str, Any]:
     """What an approval approves now: the latest edit's arguments, else the model's."""
-    edited = s.exec(
-        select(VoteRow)
-        .where(VoteRow.request_id == row.id, VoteRow.decision == "edit")
-        .order_by(col(VoteRow.at).desc())
-    ).first()
-    if edited is not None and edited.arguments is not None:
-        return dict(edited.arguments)
+    return _approved_now(votes_on(s, [row.id]).get(row.id, []), request)
+
+
+def votes_on(s: Session, request_ids: Collection[str]) -> dict[str, list[VoteRow]]:
+    """The votes cast on each of `request_ids` (one query, for any number of requests)."""
+    found: dict[str, list[VoteRow]] = {}
+    for at in range(0, len(request_ids), _IDS_PER_QUERY):
+        ids = list(request_ids)[at : at + _IDS_PER_QUERY]
+        for v in s.exec(select(VoteRow).where(col(VoteRow.request_id).in_(ids))):
+            found.setdefault(v.request_id, []).append(v)
+    return found
+
+
+# SQLite takes at most 32,766 parameters a statement; a bulk decision is 1,000.
+_IDS_PER_QUERY = 1000
+
+
+def _approved_now(votes: list[VoteRow], request: Request) -> dict[str, Any]:
+    edits = [v for v in votes if v.decision == "edit" and v.arguments is not None]
+    if edits:
+        return dict(max(edits, key=lambda v: v.at).arguments or {})
     return arguments_of(request)
 
 
@@ -107,8 +123,10 @@ def vote(
     *,
     partial: bool,
     now: datetime,
+    cast: list[VoteRow] | None = None,
 ) -> Resolution | None:
     """Record `decider`'s decision; the Resolution once the request is decided, else None.
+    `cast`: the request's votes so far, where the caller read them already (in bulk).
 
     Refused, with nothing changed: a decision that is not one (AnswerMismatch), a
     decider not allowed (NotAnApprover), a second vote (AlreadyVoted).
@@ -117,22 +135,21 @@ def vote(
         raise AnswerMismatch(f"approval {row.id} takes a decision, not a partial answer", row.id)
     decision = decision_of(request, answer)
     check_may_decide(row, run, decider)
-    if s.get(VoteRow, (row.id, decider.name)) is not None:
+    votes = votes_on(s, [row.id]).get(row.id, []) if cast is None else cast
+    if any(v.voter == decider.name for v in votes):
         raise AlreadyVoted(row.id, decider.name)
-    seen = current_arguments(s, row, request)
+    seen = _approved_now(votes, request)
     approved = seen if decision.arguments is None else decision.arguments
-    s.add(
-        VoteRow(
-            request_id=row.id,
-            voter=decider.name,
-            decision=decision.kind,
-            arguments=None if decision.kind == "decline" else approved,
-            reason=decision.reason,
-            step=row.step,
-            at=now,
-        )
+    mine = VoteRow(
+        request_id=row.id,
+        voter=decider.name,
+        decision=decision.kind,
+        arguments=None if decision.kind == "decline" else approved,
+        reason=decision.reason,
+        step=row.step,
+        at=now,
     )
-    s.flush()
+    s.add(mine)
     record_decision(
         s,
         row,
@@ -143,19 +160,18 @@ def vote(
         arguments_hash=arguments_digest(seen),
         diff=diff_arguments(seen, approved) if decision.kind == "edit" else None,
     )
-    return _tally(s, row, request)
+    return _tally([*votes, mine], row, request)
 
 
 _OUTCOMES: dict[str, Outcome] = {"approve": "approved", "edit": "edited", "decline": "declined"}
 
 
-def _tally(s: Session, row: RequestRow, request: Request) -> Resolution | None:
-    votes = list(s.exec(select(VoteRow).where(VoteRow.request_id == row.id)))
+def _tally(votes: list[VoteRow], row: RequestRow, request: Request) -> Resolution | None:
     declines = [v for v in votes if v.decision == "decline"]
     if len(declines) >= row.declines:
         reasons = "; ".join(v.reason or "declined" for v in declines)
         return Resolution(answer=Answer(id=row.id, ok=False, reason=reasons), outcome="declined")
-    current = current_arguments(s, row, request)
+    current = _approved_now(votes, request)
     approvals = [v for v in votes if v.decision != "decline" and v.arguments == current]
     if len(approvals) < row.quorum:
         return None

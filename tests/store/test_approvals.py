@@ -363,11 +363,15 @@ async def test_the_application_never_updates_or_deletes_a_decision(db: Database)
 
 
 async def _three_halted(db: Database) -> tuple[Refunds, list[str]]:
+    return await _halted(db, 3)
+
+
+async def _halted(db: Database, count: int, **policy: Any) -> tuple[Refunds, list[str]]:
     refunds = Refunds()
     ids = []
-    for n in range(3):
+    for n in range(count):
         refund = define_tool("refund", "Refund", SCHEMA, refunds.refund)
-        kit = await _kit(requires_approval(refund))
+        kit = await _kit(requires_approval(refund, **policy))
         start(db, run_id=f"run_{n}")
         turn = await run_turn(db, f"run_{n}", kit, model_of(_refund_call(), echo_tool_outputs))
         assert turn.pending is not None
@@ -384,6 +388,38 @@ async def test_a_bulk_approval_decides_every_request_in_one_go(db: Database):
     assert [a.complete for a in accepted] == [True, True, True]
     assert [request_row(db, rid).outcome for rid in ids] == ["approved"] * 3
     assert len(outbox_rows(db, ANSWER_TASK)) == 3
+
+
+async def test_a_bulk_decision_reads_its_requests_in_as_many_statements_for_40_as_for_4(
+    db: Database,
+):
+    # A back-office bulk decision is up to 1,000 requests: a few reads per request
+    # made it seconds long on PostgreSQL, and past a client's patience under load.
+    _, ids = await _halted(db, 44, quorum=2)
+    reads: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().lower().startswith("select"):
+            reads.append(statement)
+
+    def reads_of(chosen: list[str]) -> int:
+        reads.clear()
+        for engine in db.engines:
+            event.listen(engine, "before_cursor_execute", seen)
+        try:
+            accept_many(db, [(approve(rid), None) for rid in chosen], decider=ALICE)
+        finally:
+            for engine in db.engines:
+                event.remove(engine, "before_cursor_execute", seen)
+        return len(reads)
+
+    assert reads_of(ids[:4]) == reads_of(ids[4:]) > 0
+    assert {r[0] for r in votes_of_all(db, ids)} == {"alice"}
+    assert all(request_row(db, rid).status == "open" for rid in ids)  # a quorum of 2
+
+
+def votes_of_all(db: Database, ids: list[str]) -> list[tuple[str, str]]:
+    return [vote for rid in ids for vote in votes(db, rid)]
 
 
 async def test_a_bulk_decision_names_at_most_so_many_requests_and_says_so(db: Database):
