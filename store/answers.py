@@ -214,40 +214,16 @@ def _check_revision(row: RequestRow | None, seen: int | None) -> None:
 
 
 def _lock_many(s: Session, request_ids: list[str]) -> dict[str, tuple[RequestRow, RunRow | None]]:
-    """Each request and its run, locked runs first as `_lock` locks one (and in one
-    order, so two bulk decisions lock their runs without deadlock)."""
-    run_ids = {
-        request_id: run_id
-        for at in range(0, len(request_ids), MAX_BULK)
-        for request_id, run_id in s.exec(
-            select(RequestRow.id, RequestRow.run_id).where(
-                col(RequestRow.id).in_(request_ids[at : at + MAX_BULK])
-            )
-        )
+    """Each request (at most MAX_BULK) and its run, locked runs first as `_lock` locks
+    one, and in one order, so two bulk decisions lock their runs without deadlock."""
+    ids = sorted(request_ids)
+    run_ids = s.exec(select(RequestRow.run_id).where(col(RequestRow.id).in_(ids))).all()
+    locked = select(RunRow).where(col(RunRow.id).in_(set(run_ids))).with_for_update()
+    runs = {run.id: run for run in s.exec(locked.order_by(col(RunRow.id)))}
+    rows = select(RequestRow).where(col(RequestRow.id).in_(ids)).with_for_update()
+    return {
+        row.id: (row, runs.get(row.run_id)) for row in s.exec(rows.order_by(col(RequestRow.id)))
     }
-    wanted = sorted(set(run_ids.values()))
-    runs = {
-        run.id: run
-        for at in range(0, len(wanted), MAX_BULK)
-        for run in s.exec(
-            select(RunRow)
-            .where(col(RunRow.id).in_(wanted[at : at + MAX_BULK]))
-            .order_by(col(RunRow.id))
-            .with_for_update()
-        )
-    }
-    ids = sorted(run_ids)
-    rows = [
-        row
-        for at in range(0, len(ids), MAX_BULK)
-        for row in s.exec(
-            select(RequestRow)
-            .where(col(RequestRow.id).in_(ids[at : at + MAX_BULK]))
-            .order_by(col(RequestRow.id))
-            .with_for_update()
-        )
-    ]
-    return {row.id: (row, runs.get(row.run_id)) for row in rows}
 
 
 def _accept(

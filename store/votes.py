@@ -77,17 +77,12 @@ def current_arguments(s: Session, row: RequestRow, request: Request) -> dict[str
 
 
 def votes_on(s: Session, request_ids: Collection[str]) -> dict[str, list[VoteRow]]:
-    """The votes cast on each of `request_ids` (one query, for any number of requests)."""
+    """The votes cast on each of `request_ids` (a bulk decision's, at most 1,000), in one
+    query."""
     found: dict[str, list[VoteRow]] = {}
-    for at in range(0, len(request_ids), _IDS_PER_QUERY):
-        ids = list(request_ids)[at : at + _IDS_PER_QUERY]
-        for v in s.exec(select(VoteRow).where(col(VoteRow.request_id).in_(ids))):
-            found.setdefault(v.request_id, []).append(v)
+    for v in s.exec(select(VoteRow).where(col(VoteRow.request_id).in_(list(request_ids)))):
+        found.setdefault(v.request_id, []).append(v)
     return found
-
-
-# SQLite takes at most 32,766 parameters a statement; a bulk decision is 1,000.
-_IDS_PER_QUERY = 1000
 
 
 def _approved_now(votes: list[VoteRow], request: Request) -> dict[str, Any]:
