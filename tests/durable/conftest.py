@@ -394,7 +394,13 @@ class ApiServer:
             headers=headers,
             trust_env=False,
             timeout=httpx.Timeout(10, read=30),
+            verify=_TLS,
         )
+
+
+_TLS = httpx.create_ssl_context()
+"""One TLS context for every test client (they speak plain HTTP): httpx makes one a client
+otherwise, reading the CA bundle each time, 60 CPU-s of a run of the suite."""
 
 
 def serve_in_thread(app: FastAPI) -> Iterator[ApiServer]:
