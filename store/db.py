@@ -50,6 +50,7 @@ BUSY_TIMEOUT_ENV = "RELAYQ_SQLITE_BUSY_TIMEOUT"
 CONNECT_TIMEOUT_ENV = "RELAYQ_STORE_CONNECT_TIMEOUT"
 SILENT_AFTER_ENV = "RELAYQ_STORE_SILENT_AFTER"
 STATEMENT_TIMEOUT_ENV = "RELAYQ_STORE_STATEMENT_TIMEOUT"
+CONNECTIONS_ENV = "RELAYQ_STORE_CONNECTIONS"
 
 _impatient: ContextVar[bool] = ContextVar("relayq_impatient", default=False)
 
@@ -85,6 +86,17 @@ def _seconds(variable: str, default: float, minimum: float = 0.0) -> float:
 
 def _busy_timeout() -> float:
     return _seconds(BUSY_TIMEOUT_ENV, 30)
+
+
+def _connections() -> tuple[int, int]:
+    """The pool's size and overflow: RELAYQ_STORE_CONNECTIONS at most, 24 of them kept open
+    between uses (enough for every I/O thread of a worker), the rest closed after one."""
+    raw = os.environ.get(CONNECTIONS_ENV) or "40"
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 2:
+        raise ValueError(f"{CONNECTIONS_ENV} must be a whole number, 2 or more, not {raw!r}")
+    most = int(raw)
+    kept = min(24, most)
+    return kept, most - kept
 
 
 @dataclass(frozen=True)
@@ -311,17 +323,16 @@ class Database:
                 _sqlite_engine(self.url, busy_timeout, waits=False), busy_timeout=busy_timeout
             )
         else:
-            # Enough pooled connections for every I/O thread of a worker: a
-            # connection opened beyond the pool is closed again after one use.
             # hide_parameters: an error's text (logged, or stored) never carries the
             # transcript or an answer it was writing.
             bounds = Bounds.from_env()
+            kept, beyond = _connections()
             options = make_url(self.url).query.get("options")
             self.engine = create_engine(
                 self.url,
                 connect_args=bounds.connect_args(options if isinstance(options, str) else None),
-                pool_size=24,
-                max_overflow=16,
+                pool_size=kept,
+                max_overflow=beyond,
                 hide_parameters=True,
             )
             # The pool's pre-ping is the watch's, as a round trip it can cut.

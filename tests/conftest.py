@@ -27,6 +27,10 @@ import pytest
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+# Every lane, and every process it starts, shares the machine's PostgreSQL (100
+# connections by default) with the other lanes: each holds few (store.db).
+os.environ.setdefault("RELAYQ_STORE_CONNECTIONS", "10")
+
 REQUIRE = "RELAYQ_REQUIRE"
 PARTS = {
     "browser": "Debian's chromium (apt-get install chromium)",
