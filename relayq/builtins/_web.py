@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import functools
+import ssl
 from typing import Any
 
 import httpx
@@ -79,11 +81,18 @@ def _http_url(raw: str) -> httpx.URL:
     return url
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context (httpx's own, with certifi's CAs) for every fetch of the process:
+    httpx would make one a client, reading the CA bundle each time (tens of ms of a core)."""
+    return httpx.create_ssl_context(trust_env=False)
+
+
 async def _fetch(url: httpx.URL, guard: NetGuard, seconds: float, max_chars: int) -> ToolResult:
     # trust_env=False: a proxy from the environment would connect on our behalf,
     # to an address nobody judged.
     async with httpx.AsyncClient(
-        follow_redirects=False, timeout=seconds, trust_env=False
+        follow_redirects=False, timeout=seconds, trust_env=False, verify=_tls()
     ) as client:
         for _ in range(_MAX_REDIRECTS + 1):
             address = await guard.address_for(url)
