@@ -35,6 +35,7 @@ from celery.worker.control import control_command, inspect_command
 from store import Database, migrate
 from store.batch_queues import active_batch_queues, is_batch_queue, is_batch_queue_of
 from tasks.settings import Settings, queue_named
+from workers.forks import no_fork_meanwhile
 
 __all__ = ["BatchQueues"]
 
@@ -105,7 +106,8 @@ class BatchQueues(bootsteps.StartStopStep):
         """The thread: what the store says, handed to the consumer's thread."""
         while True:
             try:
-                wanted = set(active_batch_queues(self._database(), under=self.bases))
+                with no_fork_meanwhile():
+                    wanted = set(active_batch_queues(self._database(), under=self.bases))
             except Exception as exc:
                 log.warning(
                     "could not read the active batches (again in %g s): %s: %s",
