@@ -62,6 +62,8 @@ class Figures:
     purged: int
     longest_ms: float
     """The purge's longest write transaction."""
+    longest_removal_ms: float
+    longest_vacuum_ms: float
     idle: list[float]
     during: list[float]
     rows_before: int
@@ -207,26 +209,36 @@ async def purge_beside_interactive(
 class Purge:
     runs: int
     seconds: float
-    transactions: list[float]
-    """Each write transaction's length, in seconds (SQLite's write lock held that long)."""
+    transactions: list[tuple[str, float]]
+    """Each write transaction's kind (`removal`, `vacuum`) and length in seconds (SQLite's
+    write lock held that long; PostgreSQL's reads are transactions too, `read`)."""
+
+    def longest(self, kind: str | None = None) -> float:
+        return max((t for k, t in self.transactions if kind in (None, k)), default=0.0)
 
 
 def purge(url: str) -> Purge:
     """What `relayq purge --finished-before 30d` does, each write transaction timed."""
     db = Database(url)
-    lengths: list[float] = []
-    began: dict[int, float] = {}
+    lengths: list[tuple[str, float]] = []
+    began: dict[int, tuple[float, list[str]]] = {}
     # The write transactions' engine: on SQLite the one of `store.sqlite_writes`; on
-    # PostgreSQL the one engine (its reads are transactions too, and counted).
+    # PostgreSQL the one engine.
     engine = db.engines[-1]
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
-        began[id(conn)] = time.perf_counter()
+        began[id(conn)] = (time.perf_counter(), [])
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _statement(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if id(conn) in began:
+            began[id(conn)][1].append(statement.lstrip()[:30].lower())
 
     @event.listens_for(engine, "commit")
     def _commit(conn: Any) -> None:
-        lengths.append(time.perf_counter() - began.pop(id(conn), time.perf_counter()))
+        at, statements = began.pop(id(conn), (time.perf_counter(), []))
+        lengths.append((_kind(statements), time.perf_counter() - at))
 
     try:
         start = time.perf_counter()
@@ -234,6 +246,14 @@ def purge(url: str) -> Purge:
         return Purge(purged.runs, time.perf_counter() - start, lengths)
     finally:
         db.dispose()
+
+
+def _kind(statements: list[str]) -> str:
+    if any(s.startswith("delete") for s in statements):
+        return "removal"
+    # The vacuum's pragmas go through the driver's cursor, unseen here: a write
+    # transaction with no statement of SQLAlchemy's is one of them.
+    return "vacuum" if not statements else "read"
 
 
 def one(args: argparse.Namespace, base: Path, store: str) -> Figures | None:
@@ -262,7 +282,9 @@ def one(args: argparse.Namespace, base: Path, store: str) -> Figures | None:
         return Figures(
             store=store, runs=args.runs, seed_seconds=seed_seconds,
             purge_seconds=purged.seconds, purged=purged.runs,
-            longest_ms=1000 * max(purged.transactions, default=0.0),
+            longest_ms=1000 * purged.longest(),
+            longest_removal_ms=1000 * purged.longest("removal"),
+            longest_vacuum_ms=1000 * purged.longest("vacuum"),
             idle=idle, during=during, rows_before=rows_before,
             rows_after=row_count(db), seeded_left=seeded_rows(db),
             bytes_before=bytes_before, bytes_after=store_bytes(db),
@@ -276,15 +298,17 @@ def one(args: argparse.Namespace, base: Path, store: str) -> Figures | None:
 def print_table(figures: list[Figures]) -> None:
     print(
         "| store | finished runs | purged | purge s | runs/s | longest transaction ms "
+        "| longest removal / vacuum ms "
         "| interactive p50 idle / during ms "
         "| during / idle | p99 idle / during ms | rows before → after | MB before → after |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in figures:
         p50_idle, p50_during = statistics.median(f.idle), statistics.median(f.during)
         print(
             f"| {f.store} | {f.runs:,} | {f.purged:,} | {f.purge_seconds:.1f} "
             f"| {f.purged / f.purge_seconds:,.0f} | {f.longest_ms:.0f} "
+            f"| {f.longest_removal_ms:.0f} / {f.longest_vacuum_ms:.0f} "
             f"| {1000 * p50_idle:.1f} / {1000 * p50_during:.1f} | {p50_during / p50_idle:.2f}x "
             f"| {Figures.ms(f.idle, 0.99):.1f} / {Figures.ms(f.during, 0.99):.1f} "
             f"| {f.rows_before:,} → {f.rows_after:,} "
