@@ -312,19 +312,22 @@ class Runtime:
 
     async def _retain(self, report: SweepReport) -> None:
         """What the retentions let go: one transaction's worth of each a sweep, since every
-        worker sweeps every few seconds (`store.retention`)."""
+        worker sweeps every few seconds (`store.retention`); on a thread, never inline on
+        the loop: a purge's transactions are long beside a turn's, and pause between."""
         now = datetime.now(UTC)
         runs = self.settings.recovery.retention
         if runs is not None:
-            purged = await self.io(purge_finished, self.db, now - runs, limit=RETENTION_CHUNK)
+            purged = await self._store.offload(
+                purge_finished, self.db, now - runs, limit=RETENTION_CHUNK
+            )
             report.purged = purged.runs
         events = self.settings.webhooks.retention
         if events is not None:
-            gone = await self.io(purge_events, self.db, now - events, limit=EVENT_CHUNK)
+            gone = await self._store.offload(purge_events, self.db, now - events, limit=EVENT_CHUNK)
             report.purged_events = gone.rows.get("relayq_events", 0)
         audit = self.settings.recovery.audit_retention
         if audit is not None:
-            report.purged_decisions = await self.io(
+            report.purged_decisions = await self._store.offload(
                 purge_decisions, self.db, now - audit, limit=DECISION_CHUNK
             )
 

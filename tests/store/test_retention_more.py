@@ -10,14 +10,16 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from sqlalchemy import text, update
 from sqlmodel import col, select
 
-from store import Database
+from store import Database, retention
 from store.models import (
     DecisionRow,
     DeliveryAttemptRow,
@@ -241,3 +243,44 @@ async def test_a_purge_of_runs_and_a_sweep_of_events_racing_over_the_same_rows_b
         assert s.exec(select(RunRow.id)).all() == []
         assert s.exec(select(EventRow.id)).all() == []
         assert s.exec(select(DeliveryAttemptRow.id)).all() == []
+
+
+async def test_on_sqlite_a_purge_leaves_the_write_lock_free_between_its_transactions(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+):
+    # Given 30 old finished runs, and a record of the purge's write transactions and pauses
+    for n in range(30):
+        await finished_run(db, f"run_{n}")
+    happened: list[tuple[str, float]] = []
+    began: dict[int, float] = {}
+    engine = db.engines[-1]  # SQLite's writers' engine; PostgreSQL's one engine
+
+    def begin(conn: Any) -> None:
+        began[id(conn)] = time.monotonic()
+
+    def commit(conn: Any) -> None:
+        if id(conn) in began:
+            happened.append(("transaction", time.monotonic() - began.pop(id(conn))))
+
+    monkeypatch.setattr(retention, "_sleep", lambda seconds: happened.append(("pause", seconds)))
+    sqlalchemy.event.listen(engine, "begin", begin)
+    sqlalchemy.event.listen(engine, "commit", commit)
+    try:
+        # When they are purged, 10 a transaction
+        purge_finished(db, utcnow() - 30 * DAY, chunk=10)
+    finally:
+        sqlalchemy.event.remove(engine, "begin", begin)
+        sqlalchemy.event.remove(engine, "commit", commit)
+
+    kinds = [kind for kind, _ in happened]
+    if not db.is_sqlite:
+        # Then on PostgreSQL (row locks, no lock of the whole store) it never pauses
+        assert "pause" not in kinds
+        return
+    # Then on SQLite each write transaction after the first of a run of them waits as
+    # long as the one before it held the lock: 3 chunks, then the space given back
+    assert kinds[:5] == ["transaction", "pause", "transaction", "pause", "transaction"], kinds
+    for at, (kind, seconds) in enumerate(happened):
+        if kind == "pause":
+            assert happened[at - 1][0] == happened[at + 1][0] == "transaction", kinds
+            assert seconds >= happened[at - 1][1]
