@@ -252,15 +252,24 @@ def _found(db: Database, query: Any) -> bool:
 
 
 def _purgeable(before: datetime) -> list[Any]:
-    """A run that may go: finished, last changed before `before`, no request open."""
+    """A run that may go: finished, last changed before `before`, no request open.
+
+    The statuses are compared as `status || ''`, which no index serves: SQLite's planner,
+    with no statistics, took the index on status for both, sorting every finished run
+    for each chunk and reading every open request for each run (73 ms a chunk at 200,000
+    runs, against 0.2 ms by the runs' `updated_at` and the requests' `run_id`)."""
     open_request = select(RequestRow.id).where(
-        RequestRow.run_id == RunRow.id, RequestRow.status == "open"
+        RequestRow.run_id == RunRow.id, _unindexed(RequestRow.status) == "open"
     )
     return [
-        col(RunRow.status).in_(FINISHED),
+        _unindexed(RunRow.status).in_(FINISHED),
         col(RunRow.updated_at) < before,
         ~open_request.exists(),
     ]
+
+
+def _unindexed(column: Any) -> Any:
+    return col(column).concat("")
 
 
 def _next(before: datetime, after: tuple[datetime, str] | None, chunk: int, *, lock: bool) -> Any:
