@@ -56,8 +56,9 @@ typecheck: $(STAMP)
 # The suite runs on TEST_WORKERS pytest-xdist lanes (tests/lanes.py): much of it waits on
 # workers, brokers and browsers, not on a core. A module with costly module-wide parts keeps
 # to one lane (ONE_LANE, tests/conftest.py); the long ones start first. It ends with its
-# slowest 20 tests. Five lanes on two cores: 668 s of tests, against 701 s on four
-# (2026-12-06, 2,770 tests).
+# slowest 20 tests. Five lanes on two cores: 580 s of tests, against 647 s on six and
+# 701 s on four (2026-12-06, 2,838 tests; 482 s on five once tests/conftest.py froze
+# each module's survivors out of the lanes' collections).
 TEST_WORKERS ?= 5
 
 # Each lane, and each process the suite starts, imports relayq and the test modules: they

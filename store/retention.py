@@ -65,12 +65,14 @@ __all__ = [
 ]
 
 CHUNK = 50
-"""Runs a transaction: about 600 rows, 20 ms of SQLite's write lock at the median on an
-idle 2-core machine (`bench.retention`: 100 took 39 ms, and up to 259 ms beside live work)."""
+"""Runs a transaction: about 600 rows; on SQLite beside live work, 78 ms of the write lock
+at the longest in a purge of 200,000 runs (`bench.retention`)."""
 EVENT_CHUNK = 500
 """Webhook events a transaction, with their deliveries and attempts."""
 DECISION_CHUNK = 1000
 """Audit rows a transaction."""
+PAUSE = 2.0
+"""On SQLite, a purge's pause between two write transactions, in lengths of the first."""
 VACUUM_PAGES = 1000
 """SQLite pages given back a transaction: about 50 ms of the write lock."""
 
@@ -221,11 +223,12 @@ _INCREMENTAL = 2
 
 
 class _Pace:
-    """Each write transaction of a purge after a pause as long as the one before it, on
-    SQLite: live work's writers, which ask for its one write lock again after short
-    sleeps, take it between two of the purge's transactions instead of waiting out a run
-    of them (`bench.retention`: a purge of 40,000 runs made the p50 of interactive runs
-    4.4x idle). PostgreSQL's writers lock rows, not the store: no pause there."""
+    """Each write transaction of a purge after a pause twice as long as the one before
+    it, on SQLite: live work's writers, which ask for its one write lock again after
+    short sleeps, take it between two of the purge's transactions instead of waiting out
+    a run of them (`bench.retention`, 200,000 runs: the interactive p50 1.86x idle with
+    pauses as long as the transactions, 1.10x with twice). PostgreSQL's writers lock
+    rows, not the store: no pause there."""
 
     def __init__(self, db: Database, *, writes: bool = True) -> None:
         self.pauses = db.is_sqlite and writes
@@ -234,7 +237,7 @@ class _Pace:
     @contextmanager
     def turn(self) -> Iterator[None]:
         if self.pauses and self.held:
-            _sleep(self.held)
+            _sleep(PAUSE * self.held)
         began = time.monotonic()
         try:
             yield
