@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 # Every lane, and every process it starts, shares the machine's PostgreSQL (100
-# connections by default) with the other lanes: each holds few (store.db).
-os.environ.setdefault("RELAYQ_STORE_CONNECTIONS", "10")
+# connections by default) with the other lanes: each pool holds few (store.db). A run
+# with 10 a pool peaked at 90 of the server's connections.
+os.environ.setdefault("RELAYQ_STORE_CONNECTIONS", "6")
 
 REQUIRE = "RELAYQ_REQUIRE"
 PARTS = {
