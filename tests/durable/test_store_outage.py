@@ -40,8 +40,12 @@ OUTAGE = 10.0
 
 
 def _env(broker: Broker, tmp_path: Path, database_url: str, **extra: str) -> dict[str, str]:
+    # The store is a PostgreSQL of the test's own: its worker's pool is a deployment's, not
+    # the suite's small one for the machine's shared server (tests/conftest.py), which a
+    # store slowed down made wait past the pool's timeout.
+    shared = {k: v for k, v in os.environ.items() if k != "RELAYQ_STORE_CONNECTIONS"}
     return {
-        **os.environ,
+        **shared,
         "RELAYQ_HOME": str(tmp_path),
         "RELAYQ_DATABASE_URL": database_url,
         "RELAYQ_BROKER_URL": broker.url,
