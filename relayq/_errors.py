@@ -52,6 +52,8 @@
     ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.host.client)
     ├── HostRefused          the API refused a relay host for good: a bad token, a tool it
     │                        may not serve (relayq.hosts)
+    ├── MCPError             an MCP server cannot be reached, listed or called: `.server`
+    │                        names it (relayq.mcp)
     ├── ExportFailed         `relayq purge --export` could not write a chunk of runs: they
     │                        stay, and the purge stops (cli.purge)
     └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)

@@ -32,6 +32,7 @@ from relayq._tools import Tool
 from relayq._types import Usage
 from relayq.budgets import Budget
 from relayq.builtins import BuiltinsConfig
+from relayq.mcp import MCPServer, MCPServerHTTP, MCPServerStdio, mcp_tools
 from relayq.model import Generate, Model, as_model
 from relayq.providers import ProviderConfig, ProviderModel
 
@@ -72,7 +73,8 @@ class Agent:
     (sync or async), or a `ProviderConfig` naming an endpoint and the variable
     that holds its key (so no secret is stored or sent through the broker).
     Builtins are off unless asked for: a worker is shared infrastructure, and
-    a shell on it is a choice.
+    a shell on it is a choice. `mcp_servers` adds the tools of MCP servers
+    (`relayq.mcp`).
 
     Three keywords set the agent's policy on the workers: `retries` and
     `turn_time_limit` default to the worker's settings, `queue` to `relayq.turns`.
@@ -88,6 +90,7 @@ class Agent:
         model: Generate | ProviderConfig,
         *,
         tools: Sequence[Tool] = (),
+        mcp_servers: Sequence[MCPServer] = (),
         builtins: BuiltinsConfig | None = None,
         system_prompt: str | None = None,
         max_turns: int = 10,
@@ -109,6 +112,8 @@ class Agent:
         _check_policy(name, retries, turn_time_limit, queue)
         self.name = name
         self.tools = tuple(tools)
+        self.mcp_servers = _mcp_servers(name, mcp_servers)
+        """MCP servers whose tools it offers too (`relayq.mcp`)."""
         self.builtins = builtins if builtins is not None else BuiltinsConfig.off()
         self.system_prompt = system_prompt
         self.max_turns = max_turns
@@ -143,15 +148,24 @@ class Agent:
             self.provider.without_retries() if self.provider is not None else self.model
         )
         self._toolkit: Toolkit | None = None
+        self._listings: tuple[object, ...] = ()
         if register:
             _register(self)
 
     async def toolkit(self) -> Toolkit:
-        """The agent's toolkit, built once (a race builds it twice, harmlessly)."""
-        if self._toolkit is None:
+        """The agent's toolkit, built once (a race builds it twice, harmlessly), and again
+        when an MCP server's tools are listed anew (a new connection lists them)."""
+        extra = list(self.tools)
+        listings: list[object] = []
+        for server in self.mcp_servers:
+            listing, tools = await mcp_tools(server)
+            listings.append(listing)
+            extra.extend(tools)
+        if self._toolkit is None or not _same(listings, self._listings):
             self._toolkit = await create_toolkit(
-                builtins=self.builtins, extra_tools=self.tools, base_dir=self.base_dir
+                builtins=self.builtins, extra_tools=extra, base_dir=self.base_dir
             )
+            self._listings = tuple(listings)
         return self._toolkit
 
     def cost_of(self, usage: Usage) -> float | None:
@@ -192,6 +206,26 @@ def _check_policy(
     # `-Q` takes a comma-separated list: a queue name cannot hold a comma or a space.
     if not isinstance(queue, str) or not queue or any(c in queue for c in ", \t\n"):
         raise AgentError(f"agent {name!r}: queue must be a queue name, not {queue!r}", name)
+
+
+def _mcp_servers(name: str, servers: Sequence[MCPServer]) -> tuple[MCPServer, ...]:
+    if isinstance(servers, MCPServerHTTP | MCPServerStdio) or not all(
+        isinstance(s, MCPServerHTTP | MCPServerStdio) for s in servers
+    ):
+        raise AgentError(
+            f"agent {name!r}: mcp_servers must be a list of MCPServerHTTP or MCPServerStdio",
+            name,
+        )
+    prefixes = [s.name for s in servers if s.name is not None]
+    if len(set(prefixes)) != len(prefixes):
+        raise AgentError(f"agent {name!r}: two of its MCP servers have one name", name)
+    return tuple(servers)
+
+
+def _same(listings: list[object], before: tuple[object, ...]) -> bool:
+    if len(listings) != len(before):
+        return False
+    return all(a is b for a, b in zip(listings, before, strict=True))
 
 
 def _definition_site() -> tuple[tuple[str, int], ...]:

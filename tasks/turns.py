@@ -24,6 +24,7 @@ coroutine on the process's event loop; see `tasks.runtime`.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from celery import Task, shared_task
 from celery.exceptions import Retry
@@ -64,6 +65,8 @@ __all__ = [
     "drive_turn",
     "run_turn",
 ]  # the first two: tasks.deliveries; TurnFailed: tasks.turn_failed
+
+log = logging.getLogger(__name__)
 
 
 # `throws`: a failed run is logged by `fail_turn`, and Celery's record of the task's end is
@@ -172,6 +175,14 @@ async def _resumable_toolkit(rt: Runtime, claim: Claim, agent: Agent) -> tuple[T
     toolkit = await agent.toolkit()
     digest = toolkit.digest()
     if claim.tools_digest not in (None, digest):
+        if agent.mcp_servers:
+            log.warning(
+                "run %s resumes with other tools than it started with: agent %r's MCP "
+                "servers (%s) list other tools now",
+                claim.run_id,
+                agent.name,
+                ", ".join(s.label for s in agent.mcp_servers),
+            )
         missing = await rt.io(_missing_relay_tools, rt, claim, toolkit.relay_names)
         if missing:
             raise AgentError(

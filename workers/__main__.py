@@ -14,8 +14,12 @@ come with them (`RELAYQ_WORKER_BATCHES=serve`), or not (`skip`), or instead
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
+from relayq import ToolkitError
+from relayq.agents import load_agents, registered_agents
+from relayq.mcp import MCPError, check_servers
 from workers.app import app, exit_code, settings
 from workers.config import QUEUES
 from workers.embedded import ensure_embedded_redis
@@ -26,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     if settings.embedded_broker:
         ensure_embedded_redis(settings)
     if args[0] == "worker":
+        _check_mcp_servers()
         defaults = {("--loglevel", "-l"): "INFO", ("--queues", "-Q"): ",".join(QUEUES)}
         extra = [
             part
@@ -55,6 +60,22 @@ def _celery(args: list[str]) -> int | None:
         args=args[1:], prog_name=f"celery {args[0]}", obj=context, standalone_mode=False
     )
     return code
+
+
+def _check_mcp_servers() -> None:
+    """List the tools of every agent's MCP servers, or stop with one line naming the one that
+    cannot be reached: each turn's calls to it would fail. A prefork worker's pool children
+    inherit the listing, and connect again themselves."""
+    if settings.agents:
+        load_agents(settings.agents)
+    for agent in registered_agents().values():
+        if not agent.mcp_servers:
+            continue
+        try:
+            asyncio.run(check_servers(list(agent.mcp_servers)))
+        except (MCPError, ToolkitError) as exc:
+            print(f"relayq: error: agent {agent.name!r}: {exc}", file=sys.stderr)
+            sys.exit(1)
 
 
 def _given(args: list[str], names: tuple[str, ...]) -> bool:

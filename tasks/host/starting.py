@@ -62,6 +62,9 @@ class Starting:
         if known is None:
             return spec
         self.dispatch.serve(known)
+        if known.mcp_servers:
+            # Listing its servers' tools is the worker's: its first turn pins their digest.
+            return replace(spec, queue=known.queue)
         digest = (await known.toolkit()).digest()
         return replace(spec, tools_digest=digest, queue=known.queue)
 

@@ -47,6 +47,19 @@ def test_the_relay_and_client_modules_export_their_contract_names():
     assert relayq.relay.RELAY_KIND == "tool_call"
 
 
+def test_the_mcp_module_exports_its_servers_and_imports_the_sdk_only_when_used():
+    code = (
+        "import sys, relayq, relayq.mcp; "
+        "print(sorted(relayq.mcp.__all__), 'mcp' in sys.modules, "
+        "issubclass(relayq.mcp.MCPError, relayq.RelayqError))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [
+        "['MCPError',", "'MCPServer',", "'MCPServerHTTP',", "'MCPServerStdio',",
+        "'check_servers',", "'mcp_tools']", "False", "True",
+    ]  # fmt: skip
+
+
 def test_errors_share_one_root():
     for name in ("AgentError", "ModelError", "ResumeError", "RunCancelled", "ToolkitError"):
         assert issubclass(getattr(relayq, name), relayq.RelayqError)

@@ -1,0 +1,19 @@
+"""The error of a server that cannot be reached, listed or called."""
+
+from __future__ import annotations
+
+from relayq._errors import RelayqError
+
+__all__ = ["MCPError"]
+
+
+class MCPError(RelayqError):
+    """An MCP server could not be reached, listed or called; `.server` names it."""
+
+    def __init__(self, reason: str, server: str) -> None:
+        super().__init__(reason, server)
+        self.reason = reason
+        self.server = server
+
+    def __str__(self) -> str:
+        return f"MCP server {self.server}: {self.reason}"

@@ -1,0 +1,155 @@
+"""Where an agent's MCP servers are, and which of their tools the host runs instead."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TypeAlias
+from urllib.parse import urlsplit, urlunsplit
+
+from relayq._errors import ToolkitError
+
+__all__ = ["MCPServer", "MCPServerHTTP", "MCPServerStdio"]
+
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+_CONNECT = timedelta(seconds=10)
+_CALL = timedelta(seconds=60)
+
+
+@dataclass(frozen=True, eq=False)
+class _Common:
+    name: str | None
+    """Prefixes the server's tool names (`fs` offers `read` as `fs_read`); unprefixed if None."""
+    relay: tuple[str, ...]
+    """Tools the host runs: offered to the model, called by no worker (their unprefixed
+    names, as the server lists them)."""
+    connect_timeout: timedelta
+    """How long connecting and listing the tools may take."""
+    call_timeout: timedelta
+    """How long one call may wait for the server's reply (a silent server is given up on)."""
+
+    def _check(self) -> None:
+        if self.name is not None and not _PREFIX.match(self.name):
+            raise ToolkitError(
+                f"MCP server name {self.name!r} must be 1-32 letters, digits, '_' or '-'"
+            )
+        for bound in (self.connect_timeout, self.call_timeout):
+            if not isinstance(bound, timedelta) or bound <= timedelta(0):
+                raise ToolkitError(f"MCP server {self.label}: timeouts must be positive timedeltas")
+
+    @property
+    def label(self) -> str:
+        """How errors and logs name the server: its name, else where it is."""
+        return repr(self.name) if self.name is not None else self.where
+
+    @property
+    def where(self) -> str:
+        raise NotImplementedError
+
+    def offered_name(self, tool: str) -> str:
+        """The name the model sees for the server's `tool`."""
+        return tool if self.name is None else f"{self.name}_{tool}"
+
+
+@dataclass(frozen=True, eq=False, init=False)
+class MCPServerHTTP(_Common):
+    """An MCP server reached over streamable HTTP.
+
+        MCPServerHTTP("https://tools.example.com/mcp", name="docs",
+                      headers={"Authorization": f"Bearer {os.environ['DOCS_TOKEN']}"})
+
+    Headers are sent with every request and never logged or shown.
+    """
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        name: str | None = None,
+        relay: Sequence[str] = (),
+        connect_timeout: timedelta = _CONNECT,
+        call_timeout: timedelta = _CALL,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ToolkitError(f"MCP server URL must start with http:// or https://, not {url!r}")
+        _set(self, url=url, headers=tuple(sorted((headers or {}).items())))
+        _set(self, name=name, relay=_names(relay), connect_timeout=connect_timeout)
+        _set(self, call_timeout=call_timeout)
+        self._check()
+
+    @property
+    def where(self) -> str:
+        """The URL without its query or any user and password."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port is not None else host
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+    def __repr__(self) -> str:
+        return f"MCPServerHTTP({self.where!r}, name={self.name!r})"
+
+
+@dataclass(frozen=True, eq=False, init=False)
+class MCPServerStdio(_Common):
+    """An MCP server the worker starts as a subprocess and talks to over its stdin and stdout.
+
+        MCPServerStdio("python", args=["-m", "my_tools"], env={"TOOLS_HOME": "/srv"})
+
+    Each worker process starts its own, and stops it as it stops. `env` is added to the
+    SDK's default environment (not the worker's whole one), and never logged or shown.
+    """
+
+    command: str
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = field(repr=False)
+    cwd: str | None
+    """The folder it starts in; the worker's own if None."""
+
+    def __init__(
+        self,
+        command: str,
+        *,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        name: str | None = None,
+        relay: Sequence[str] = (),
+        connect_timeout: timedelta = _CONNECT,
+        call_timeout: timedelta = _CALL,
+    ) -> None:
+        if not isinstance(command, str) or not command:
+            raise ToolkitError(f"MCP server command must be a program, not {command!r}")
+        _set(self, command=command, args=tuple(args), env=tuple(sorted((env or {}).items())))
+        _set(self, cwd=None if cwd is None else str(cwd))
+        _set(self, name=name, relay=_names(relay), connect_timeout=connect_timeout)
+        _set(self, call_timeout=call_timeout)
+        self._check()
+
+    @property
+    def where(self) -> str:
+        return " ".join([self.command, *self.args])
+
+    def __repr__(self) -> str:
+        return f"MCPServerStdio({self.command!r}, name={self.name!r})"
+
+
+MCPServer: TypeAlias = MCPServerHTTP | MCPServerStdio
+
+
+def _names(relay: Sequence[str]) -> tuple[str, ...]:
+    # A lone name would be a list of its letters to `tuple()`: refused, not split.
+    if isinstance(relay, str) or not all(isinstance(n, str) for n in relay):
+        raise ToolkitError(f"MCP server relay must be a list of tool names, not {relay!r}")
+    return tuple(relay)
+
+
+def _set(obj: object, **values: object) -> None:
+    for key, value in values.items():
+        object.__setattr__(obj, key, value)

@@ -1,0 +1,71 @@
+"""An MCP server for the tests, built with the `mcp` SDK, in a process of its own.
+
+    python -m tests.mcp_server http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp
+    python -m tests.mcp_server stdio         # over stdin and stdout
+
+Its tools write each execution to `$RELAYQ_TEST_LOG/mcp.log` (`tally`), so a test can
+count them; `MCP_TEST_TOOLSET=2` lists one tool more (a server whose tools changed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("relayq-test-tools", log_level="WARNING")
+
+
+@server.tool()
+def add(a: int, b: int) -> str:
+    """Add two numbers."""
+    return str(a + b)
+
+
+@server.tool()
+def tally(name: str, ctx: Context) -> str:
+    """Record one execution of the call named `name`, with the key relayq sent."""
+    meta = ctx.request_context.meta or {}
+    key = str(dict(meta).get("relayq/idempotency-key", "-"))
+    folder = Path(os.environ.get("RELAYQ_TEST_LOG", "."))
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "mcp.log").open("a") as log:
+        log.write(f"{name} {key}\n")
+    return f"tallied {name} (pid {os.getpid()})"
+
+
+@server.tool()
+def whoami(ctx: Context) -> str:
+    """The Authorization header the request came with."""
+    return (ctx.headers or {}).get("authorization", "none")
+
+
+@server.tool()
+def ship(order: str) -> str:
+    """Ship an order (the tests declare it a relay tool: the host runs it)."""
+    return f"shipped {order} on the server"
+
+
+@server.tool()
+def nap(seconds: float) -> str:
+    """Sleep, then answer."""
+    time.sleep(seconds)
+    return "rested"
+
+
+if os.environ.get("MCP_TEST_TOOLSET") == "2":
+
+    @server.tool()
+    def extra() -> str:
+        """A tool the second tool set adds."""
+        return "extra"
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", port=int(sys.argv[2]))

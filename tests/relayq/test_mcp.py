@@ -1,0 +1,214 @@
+"""Tools from MCP servers (`relayq.mcp`), against servers built with the `mcp` SDK in
+processes of their own (`tests.mcp_server`): one over streamable HTTP, one over stdio."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relayq import Agent, ToolContext, Toolkit, ToolkitError, ToolResult
+from relayq.agents import AgentError
+from relayq.mcp import MCPError, MCPServerHTTP, MCPServerStdio, check_servers
+from relayq.mcp._tools import ATTEMPTS
+from tests.mcp_processes import ROOT, MCPServerProcess, stdio_args
+from tests.ports import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "Bearer s3cr3t-token"
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[MCPServerProcess]:
+    server = MCPServerProcess(free_port()).start()
+    yield server
+    server.kill()
+
+
+def stdio(tmp_path: Path, **options: object) -> MCPServerStdio:
+    env = {"RELAYQ_TEST_LOG": str(tmp_path)}
+    return MCPServerStdio(sys.executable, args=stdio_args(), env=env, cwd=ROOT, **options)  # type: ignore[arg-type]
+
+
+def context(name: str, *, attempt: int = 1) -> ToolContext:
+    return ToolContext(
+        run_id="run_x", call_id="call_1", tool_name=name, base_dir=Path("."), attempt=attempt
+    )
+
+
+async def call(
+    toolkit: Toolkit, name: str, args: dict[str, Any], *, attempt: int = 1
+) -> ToolResult:
+    tool = toolkit.get(name)
+    assert tool is not None, name
+    result = await tool.invoke(args, context(name, attempt=attempt))
+    assert isinstance(result, ToolResult)
+    return result
+
+
+def agent(*servers: MCPServerHTTP | MCPServerStdio) -> Agent:
+    return Agent("mcp-test", lambda req: None, mcp_servers=list(servers), register=False)  # type: ignore[arg-type,return-value]
+
+
+async def test_an_agent_offers_the_tools_of_an_http_and_a_stdio_server_under_their_prefixes(
+    http_server: MCPServerProcess, tmp_path: Path
+):
+    toolkit = await agent(
+        MCPServerHTTP(http_server.url, name="web"), stdio(tmp_path, name="box")
+    ).toolkit()
+
+    names = {t.name for t in toolkit.tools}
+    assert {"web_add", "web_tally", "box_add", "box_tally"} <= names
+    add = toolkit.get("web_add")
+    assert add is not None
+    assert (add.description, add.schema["required"]) == ("Add two numbers.", ["a", "b"])
+    web = await call(toolkit, "web_add", {"a": 2, "b": 40})
+    box = await call(toolkit, "box_add", {"a": 1, "b": 1})
+    assert (web.output, web.is_error, box.output) == ("42", False, "2")
+
+
+async def test_a_call_sends_its_idempotency_key_and_runs_once(tmp_path: Path):
+    toolkit = await agent(stdio(tmp_path)).toolkit()
+
+    result = await call(toolkit, "tally", {"name": "first"}, attempt=2)
+
+    assert result.output.startswith("tallied first")
+    assert (tmp_path / "mcp.log").read_text() == "first run_x:1:call_1\n"
+
+
+async def test_an_error_the_server_reports_is_an_error_result(tmp_path: Path):
+    toolkit = await agent(stdio(tmp_path)).toolkit()
+
+    result = await call(toolkit, "add", {"a": "two"})
+
+    assert result.is_error
+
+
+async def test_a_tool_named_in_relay_is_a_relay_tool_and_an_unlisted_name_is_refused(
+    http_server: MCPServerProcess,
+):
+    toolkit = await agent(MCPServerHTTP(http_server.url, name="shop", relay=["ship"])).toolkit()
+    assert toolkit.relay_names == frozenset({"shop_ship"})
+    ship = toolkit.get("shop_ship")
+    assert ship is not None
+    assert ship.schema["required"] == ["order"]
+
+    with pytest.raises(ToolkitError, match="lists no tool 'nope' that relay= names"):
+        await agent(MCPServerHTTP(http_server.url, name="bad", relay=["nope"])).toolkit()
+
+
+async def test_headers_reach_the_server_and_are_never_shown(http_server: MCPServerProcess):
+    server = MCPServerHTTP(http_server.url, headers={"Authorization": SECRET})
+    toolkit = await agent(server).toolkit()
+
+    result = await call(toolkit, "whoami", {})
+
+    assert result.output == SECRET
+    assert "s3cr3t" not in f"{server!r} {server.label}"
+
+
+def test_a_url_is_shown_without_its_password_or_query():
+    server = MCPServerHTTP("https://user:pw@tools.example.com:8443/mcp?token=t0k")
+
+    shown = f"{server!r} {server.label} {server.where}"
+
+    assert server.where == "https://tools.example.com:8443/mcp"
+    assert "pw" not in shown
+    assert "t0k" not in shown
+
+
+async def test_a_server_restarted_between_calls_is_connected_to_again(tmp_path: Path):
+    server = MCPServerProcess(free_port()).start()
+    try:
+        toolkit = await agent(MCPServerHTTP(server.url)).toolkit()
+        assert (await call(toolkit, "add", {"a": 1, "b": 2})).output == "3"
+        server.kill()
+        server.start()
+
+        again = await call(toolkit, "add", {"a": 3, "b": 4})
+
+        assert (again.output, again.is_error) == ("7", False)
+    finally:
+        server.kill()
+
+
+async def test_a_server_that_stays_away_gives_an_error_result_after_its_tries(
+    caplog: pytest.LogCaptureFixture,
+):
+    server = MCPServerProcess(free_port()).start()
+    try:
+        mcp = MCPServerHTTP(server.url, name="gone", connect_timeout=timedelta(seconds=2))
+        toolkit = await agent(mcp).toolkit()
+        server.kill()
+
+        result = await call(toolkit, "gone_add", {"a": 1, "b": 2})
+        # The next turn's toolkit: the tools as last listed, so the calls fail as calls.
+        again = await agent(mcp).toolkit()
+    finally:
+        server.kill()
+
+    assert result.is_error
+    assert "MCP server 'gone'" in result.output
+    assert f"tried {ATTEMPTS} times" in result.output
+    assert again.get("gone_add") is not None
+    assert "its tools as last listed are offered" in caplog.text
+
+
+async def test_a_call_the_server_never_answers_is_given_up_on(tmp_path: Path):
+    toolkit = await agent(stdio(tmp_path, call_timeout=timedelta(seconds=0.5))).toolkit()
+
+    result = await call(toolkit, "nap", {"seconds": 30})
+
+    assert result.is_error
+    assert "no reply in 0.5 s" in result.output
+
+
+async def test_an_unreachable_server_is_one_error_naming_it():
+    down = MCPServerHTTP(f"http://127.0.0.1:{free_port()}/mcp", name="nowhere")
+
+    with pytest.raises(MCPError) as caught:
+        await check_servers([down])
+
+    assert str(caught.value).startswith("MCP server 'nowhere': ")
+    assert "\n" not in str(caught.value)
+
+
+async def test_a_changed_tool_list_changes_the_toolkits_digest(tmp_path: Path):
+    before = await agent(stdio(tmp_path)).toolkit()
+    after = await agent(
+        MCPServerStdio(sys.executable, args=stdio_args(), env={"MCP_TEST_TOOLSET": "2"}, cwd=ROOT)
+    ).toolkit()
+
+    assert after.get("extra") is not None
+    assert before.digest() != after.digest()
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: MCPServerHTTP("ftp://host/mcp"), "must start with http:// or https://"),
+        (lambda: MCPServerHTTP("http://h/mcp", name="a b"), "must be 1-32 letters"),
+        (lambda: MCPServerHTTP("http://h/mcp", relay="ship"), "relay must be a list"),
+        (
+            lambda: MCPServerStdio("x", call_timeout=timedelta(0)),
+            "timeouts must be positive",
+        ),
+        (lambda: MCPServerStdio(""), "must be a program"),
+    ],
+)
+def test_a_bad_server_definition_is_refused(make, says: str):
+    with pytest.raises(ToolkitError, match=says):
+        make()
+
+
+def test_an_agent_refuses_what_is_not_an_mcp_server_and_two_servers_of_one_name():
+    with pytest.raises(AgentError, match="mcp_servers must be a list"):
+        Agent("x", lambda r: None, mcp_servers=["http://h/mcp"], register=False)  # type: ignore[list-item,arg-type,return-value]
+    twice = [MCPServerHTTP("http://a/mcp", name="s"), MCPServerHTTP("http://b/mcp", name="s")]
+    with pytest.raises(AgentError, match="two of its MCP servers have one name"):
+        Agent("x", lambda r: None, mcp_servers=twice, register=False)  # type: ignore[arg-type,return-value]
