@@ -63,6 +63,7 @@ def _top(
 app.command(context_settings=processes.PASS_THROUGH)(processes.worker)
 app.command(context_settings=processes.PASS_THROUGH)(processes.beat)
 app.command()(processes.api)
+app.command()(processes.mcp)
 app.command()(processes.flower)
 app.command()(processes.demo)
 # Runs

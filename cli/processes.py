@@ -146,6 +146,20 @@ def api(
     _load("api.server", "the API server").serve(host, port)
 
 
+def mcp(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8100,
+) -> None:
+    """Serve each agent as an MCP tool, run_<agent>, over streamable HTTP at /mcp.
+
+    It takes the API's tokens (RELAYQ_API_TOKENS) and seals requestState under
+    RELAYQ_API_SECRET, which every relayq mcp process of a deployment must share.
+    """
+    _check_setup()
+    _check_tokens()
+    _load("api.mcp.serve", "the MCP server").serve(host, port)
+
+
 def flower(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 5555,

@@ -444,17 +444,19 @@ def api(durable: Durable) -> Iterator[ApiServer]:
     yield from serve_api(durable)
 
 
-def start_api_process(env: dict[str, str], port: int, log: Path) -> Proc:
-    """`relayq api` as a real process on `port`, its output (uvicorn's logs) in `log`;
-    the test fails if it does not start within 30 s."""
+def start_api_process(env: dict[str, str], port: int, log: Path, command: str = "api") -> Proc:
+    """`relayq api` (or `command`: `mcp`) as a real process on `port`, its output
+    (uvicorn's logs) in `log`; the test fails if it does not start within 30 s."""
     with log.open("wb") as out:
         proc = spawn(
-            [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
+            [sys.executable, "-m", "cli.main", command, "--port", str(port)],
             cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        until(lambda: started(proc, log, b"Application startup complete"), what="the API to start")
+        until(
+            lambda: started(proc, log, b"Application startup complete"), what=f"{command} to start"
+        )
     except BaseException:
         stop_group(proc)
         raise

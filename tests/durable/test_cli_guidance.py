@@ -316,18 +316,18 @@ async def test_a_bulk_decision_with_the_broker_down_is_one_warning_and_is_stored
 _NO_DB_PORT = free_port()
 
 CLIENTS = ["runs", "pending", "show run_x", "run recall hi"]
-SERVERS = ["api", "worker", "beat", "flower"]
+SERVERS = ["api", "mcp", "worker", "beat", "flower"]
 EVERY = CLIENTS + SERVERS
 MISCONFIGURED = [
     # (variable, value, the commands that read it, what the line says)
-    ("RELAYQ_API_TOKENS", f"alice:{SECRET}:approver", ["api"],
+    ("RELAYQ_API_TOKENS", f"alice:{SECRET}:approver", ["api", "mcp"],
      "RELAYQ_API_TOKENS entry 1: its second field is not a role"),
-    ("RELAYQ_API_TOKENS", f"alice:approver:{SECRET}:a:b", ["api"],
+    ("RELAYQ_API_TOKENS", f"alice:approver:{SECRET}:a:b", ["api", "mcp"],
      "RELAYQ_API_TOKENS entry 1 is not name:role:token"),
     ("RELAYQ_DATABASE_URL", f"nosuchdb://u:{SECRET}@h/db", EVERY,
      "RELAYQ_DATABASE_URL (nosuchdb://u:***@h/db) names a database relayq cannot use"),
     ("RELAYQ_DATABASE_URL", f"postgresql+psycopg://u:{SECRET}@127.0.0.1:{_NO_DB_PORT}/db",
-     [*CLIENTS, "api", "worker"],
+     [*CLIENTS, "api", "mcp", "worker"],
      f"cannot use the database at postgresql+psycopg://u:***@127.0.0.1:{_NO_DB_PORT}/db "
      "(RELAYQ_DATABASE_URL): "),
     ("RELAYQ_DATABASE_URL", "not a url", EVERY, "RELAYQ_DATABASE_URL is not a database URL"),
@@ -335,7 +335,7 @@ MISCONFIGURED = [
      "RELAYQ_BROKER_URL (nosuchmq://u:**@h//) names no broker kombu knows"),
     ("RELAYQ_BROKER_URL", f"redis://:{SECRET}@h:port/0", EVERY,
      "RELAYQ_BROKER_URL does not parse: Port could not be cast"),
-    ("RELAYQ_AGENTS", "no_such_agents_module", ["run recall hi", "api", "worker"],
+    ("RELAYQ_AGENTS", "no_such_agents_module", ["run recall hi", "api", "mcp", "worker"],
      "RELAYQ_AGENTS: cannot import agent module 'no_such_agents_module': No module named"),
     ("RELAYQ_TURN_TIME_LIMIT", "ten", EVERY,
      "RELAYQ_TURN_TIME_LIMIT must be a number of seconds, not 'ten'"),
@@ -355,7 +355,7 @@ def test_a_bad_setting_is_one_line_naming_the_variable_for_every_command(
 ):
     env = {**place.env, "RELAYQ_API_TOKENS": "vic:viewer:t-guidance", variable: value}
     args = command.split()
-    if args[0] in ("api", "flower"):
+    if args[0] in ("api", "mcp", "flower"):
         args += ["--port", str(free_port())]
     done = relayq(*args, env=env, timeout=40)
     line = error_line(done)

@@ -1,0 +1,348 @@
+"""`relayq mcp`: each registered agent as an MCP tool, `run_<agent>`, over streamable HTTP.
+
+A call starts a durable run. A client that declares the tasks extension
+(`io.modelcontextprotocol/tasks`) gets a task at once, whose id is the run's: `tasks/get`
+reads the run from the store (so any `relayq mcp` process serves any task), `tasks/update`
+answers its relay calls and approvals, `tasks/cancel` cancels it. Any other client gets
+the specification's multi round-trip requests: the call waits for the run; when it
+suspends, the result is `input_required` with one input request per relay call and a
+sealed `requestState` naming the run and its request, and the client's retry with
+`inputResponses` answers them and waits again. A run that is still working after
+`WAIT` seconds is answered with a `requestState` alone, which the client retries.
+
+Tokens are the API's (`RELAYQ_API_TOKENS`, a bearer token): starting runs takes a
+`submitter`'s; a task is its starter's alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api._access import install as hide_secrets_from_access_log
+from api._auth import Permission, Principal, Tokens
+from api.mcp._inputs import TASKS, answer_of, input_requests, task_of
+from relayq import ResumeError, UnstorableInput
+from relayq.agents import Agent, registered_agents
+from relayq.approvals import is_approval
+from relayq.relay import is_relay_request
+from store import StoredRequest
+from store.audit import Decider
+from store.errors import UnknownRun
+from store.queries import get_run, run_result
+from tasks import DurableClient
+from tasks.settings import Settings
+
+__all__ = ["WAIT", "McpFront", "mcp_app"]
+
+WAIT = 20.0
+"""Seconds a call without the tasks extension waits for its run before it answers with a
+`requestState` to retry with."""
+
+_PROMPT_SCHEMA = {
+    "type": "object",
+    "properties": {"prompt": {"type": "string", "description": "What to ask the agent"}},
+    "required": ["prompt"],
+}
+
+
+class TaskIdParams(types.RequestParams):
+    task_id: str
+
+
+class UpdateTaskParams(TaskIdParams):
+    input_responses: dict[str, Any]
+
+
+class McpFront:
+    """The handlers, over one DurableClient and the API's tokens."""
+
+    def __init__(self, settings: Settings, tokens: Tokens, *, secret: bytes) -> None:
+        self.settings = settings
+        self.tokens = tokens
+        self._client: DurableClient | None = None
+        self.server: Server[Any] = Server(
+            "relayq",
+            lifespan=self._lifespan,
+            on_list_tools=self._list_tools,
+            # A task is a dict (its `ttlMs` must stay null); the SDK takes one.
+            on_call_tool=cast(Any, self._call_tool),
+        )
+        self.server.add_request_handler("tasks/get", TaskIdParams, self._get_task)
+        self.server.add_request_handler("tasks/update", UpdateTaskParams, self._update_task)
+        self.server.add_request_handler("tasks/cancel", TaskIdParams, self._cancel_task)
+        self.server.extensions[TASKS] = {}
+        security = RequestStateSecurity(keys=[secret], ttl=3600.0, bind_principal=self._who)
+        self.server.middleware.append(RequestStateBoundary(security, default_audience="relayq"))
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _server: Server[Any]) -> AsyncIterator[None]:
+        """One DurableClient for the server's life, made on its loop and closed with it."""
+        hide_secrets_from_access_log()
+        self._client = DurableClient(settings=self.settings)
+        try:
+            yield
+        finally:
+            client, self._client = self._client, None
+            client.close()
+
+    @property
+    def client(self) -> DurableClient:
+        if self._client is None:
+            raise RuntimeError("the MCP server is not running")
+        return self._client
+
+    # --- tools --------------------------------------------------------------------------
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        self._principal(ctx, Permission.READ)
+        tools = [
+            types.Tool(
+                name=f"run_{agent.name}",
+                description=f"Run the relayq agent {agent.name!r} on a prompt, durably.",
+                input_schema=_PROMPT_SCHEMA,
+            )
+            for agent in registered_agents().values()
+        ]
+        return types.ListToolsResult(tools=tools)
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
+        who = self._principal(ctx, Permission.SUBMIT)
+        agent = self._agent(params.name)
+        if params.request_state is not None:
+            responses = {k: _wire(v) for k, v in (params.input_responses or {}).items()}
+            run_id = await self._resume(who, params.request_state, responses)
+        else:
+            prompt = (params.arguments or {}).get("prompt")
+            if not isinstance(prompt, str) or not prompt:
+                raise MCPError(types.INVALID_PARAMS, "arguments must be {prompt: a text}")
+            try:
+                run_id = await self.client.start(agent, prompt, started_by=who.name)
+            except UnstorableInput as exc:
+                raise MCPError(types.INVALID_PARAMS, str(exc)) from None
+            if _declared_tasks(ctx):
+                return {"resultType": "task", **await self._task(run_id)}
+        return await self._settle(run_id)
+
+    def _agent(self, tool: str) -> Agent:
+        agent = registered_agents().get(tool.removeprefix("run_"))
+        if agent is None or not tool.startswith("run_"):
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {tool!r}")
+        return agent
+
+    # --- multi round-trip requests -------------------------------------------------------
+
+    async def _resume(self, who: Principal, state: str, responses: dict[str, Any]) -> str:
+        """Answer what `responses` answer of the request `state` names; the run's id.
+        A state for a request the run no longer waits on is refused, changing nothing."""
+        try:
+            named = json.loads(state)
+            run_id, request_id = str(named["run"]), named.get("request")
+        except (ValueError, KeyError, TypeError):
+            raise MCPError(types.INVALID_PARAMS, "requestState is not relayq's") from None
+        await self._own(who, run_id)
+        if request_id is None:
+            return run_id  # still working when it was sent: wait again
+        stored = await self._open_request(run_id)
+        if stored is None or stored.request.id != request_id:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"requestState names request {request_id}, which run {run_id} no longer waits on",
+            )
+        await self._answer(who, stored, responses)
+        return run_id
+
+    async def _settle(self, run_id: str) -> types.CallToolResult | types.InputRequiredResult:
+        with contextlib.suppress(TimeoutError):
+            await self.client.settled(run_id, timeout=WAIT)
+        result = await self.client.store(run_result, self.client.db, run_id)
+        if result.status == "done":
+            return _text(result.text, error=False)
+        if result.status in ("failed", "incomplete", "cancelled"):
+            return _text(result.error or f"the run is {result.status}", error=True)
+        stored = await self._open_request(run_id) if result.status == "pending" else None
+        if stored is None:
+            return types.InputRequiredResult(request_state=json.dumps({"run": run_id}))
+        asked = input_requests(stored, await self._schemas(stored.agent))
+        return types.InputRequiredResult.model_validate(
+            {
+                "resultType": "input_required",
+                "inputRequests": asked.requests,
+                "requestState": json.dumps({"run": run_id, "request": stored.request.id}),
+                "_meta": asked.meta,
+            }
+        )
+
+    # --- the tasks extension ---------------------------------------------------------------
+
+    async def _get_task(
+        self, ctx: ServerRequestContext[Any], params: TaskIdParams
+    ) -> dict[str, Any]:
+        who = self._principal(ctx, Permission.READ)
+        _require_tasks(ctx)
+        await self._own(who, params.task_id)
+        return {"resultType": "complete", **await self._task(params.task_id)}
+
+    async def _update_task(
+        self, ctx: ServerRequestContext[Any], params: UpdateTaskParams
+    ) -> dict[str, Any]:
+        who = self._principal(ctx, Permission.READ)
+        _require_tasks(ctx)
+        await self._own(who, params.task_id)
+        stored = await self._open_request(params.task_id)
+        if stored is not None:
+            await self._answer(who, stored, params.input_responses)
+        return {"resultType": "complete"}
+
+    async def _cancel_task(
+        self, ctx: ServerRequestContext[Any], params: TaskIdParams
+    ) -> dict[str, Any]:
+        who = self._principal(ctx, Permission.READ)
+        _require_tasks(ctx)
+        await self._own(who, params.task_id)
+        await self.client.cancel(params.task_id)
+        return {"resultType": "complete"}
+
+    async def _task(self, run_id: str) -> dict[str, Any]:
+        run = await self.client.store(get_run, self.client.db, run_id)
+        result = await self.client.store(run_result, self.client.db, run_id)
+        asked = None
+        if result.status == "pending":
+            stored = await self._open_request(run_id)
+            if stored is not None:
+                asked = input_requests(stored, await self._schemas(stored.agent))
+        return task_of(
+            run_id,
+            result.status,
+            created=run.created_at,
+            updated=run.updated_at,
+            text=result.text,
+            error=result.error,
+            asked=asked,
+        )
+
+    # --- shared ---------------------------------------------------------------------------
+
+    async def _answer(
+        self, who: Principal, stored: StoredRequest, responses: dict[str, Any]
+    ) -> None:
+        try:
+            answer = answer_of(stored, responses)
+        except ValueError as exc:
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from None
+        if answer is None:
+            return  # nothing it asks is answered: ignored, as the extension says
+        decider = Decider(name=who.name, role=who.role, groups=tuple(who.groups), via="api")
+        approval = is_approval(stored.request)
+        try:
+            await self.client.submit_answer(
+                answer,
+                partial=is_relay_request(stored.request),
+                decider=decider,
+                decision=approval,
+            )
+        except ResumeError as exc:
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from None
+
+    async def _open_request(self, run_id: str) -> StoredRequest | None:
+        open_now = await self.client.requests("open", run_id=run_id)
+        return open_now[0] if open_now else None
+
+    async def _own(self, who: Principal, run_id: str) -> None:
+        """The run is the caller's; else the same error as for no such task."""
+        try:
+            run = await self.client.store(get_run, self.client.db, run_id)
+        except UnknownRun:
+            run = None
+        if run is None or run.started_by != who.name:
+            raise MCPError(types.INVALID_PARAMS, f"no task {run_id!r}")
+
+    async def _schemas(self, agent_name: str) -> dict[str, dict[str, Any]]:
+        agent = registered_agents().get(agent_name)
+        if agent is None or agent.mcp_servers:
+            return {}  # its tools are listed on the workers
+        return {t.name: t.schema for t in (await agent.toolkit()).tools if t.is_relay}
+
+    def _principal(self, ctx: ServerRequestContext[Any], permission: Permission) -> Principal:
+        who = self._lookup(ctx)
+        if who is None:
+            raise MCPError(types.INVALID_REQUEST, "a valid bearer token is required")
+        if not who.may(permission):
+            raise MCPError(types.INVALID_REQUEST, f"the token's role {who.role!r} may not do this")
+        return who
+
+    def _who(self, ctx: ServerRequestContext[Any]) -> str | None:
+        who = self._lookup(ctx)
+        return None if who is None else who.name
+
+    def _lookup(self, ctx: ServerRequestContext[Any]) -> Principal | None:
+        request = ctx.request
+        header = request.headers.get("authorization", "") if request is not None else ""
+        scheme, _, token = header.partition(" ")
+        return self.tokens.lookup(token) if scheme.lower() == "bearer" and token else None
+
+
+def _wire(response: Any) -> Any:
+    """An input response as the JSON it came as (the SDK parses those of multi round-trip
+    retries into its models)."""
+    if isinstance(response, BaseModel):
+        return response.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return response
+
+
+def _declared_tasks(ctx: ServerRequestContext[Any]) -> bool:
+    capabilities = ctx.session.client_capabilities
+    return bool(capabilities is not None and TASKS in (capabilities.extensions or {}))
+
+
+def _require_tasks(ctx: ServerRequestContext[Any]) -> None:
+    if not _declared_tasks(ctx):
+        raise MCPError(
+            types.MISSING_REQUIRED_CLIENT_CAPABILITY,
+            "tasks/* needs the tasks extension declared",
+            {"requiredCapabilities": {"extensions": {TASKS: {}}}},
+        )
+
+
+def _text(text: str, *, error: bool) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=error)
+
+
+class _BearerOnly:
+    """401 for an HTTP request without a known bearer token, before the SDK reads it."""
+
+    def __init__(self, app: ASGIApp, tokens: Tokens) -> None:
+        self.app = app
+        self.tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or self.tokens.lookup(token) is None:
+                await JSONResponse({"detail": "a valid bearer token is required"}, 401)(
+                    scope, receive, send
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+def mcp_app(front: McpFront, *, host: str = "127.0.0.1") -> ASGIApp:
+    """The ASGI app serving `front` at `/mcp`."""
+    app: Starlette = front.server.streamable_http_app(stateless_http=True, host=host)
+    return _BearerOnly(app, front.tokens)

@@ -1,0 +1,248 @@
+"""`relayq mcp`: agents served to MCP clients, as tasks and as multi round-trip calls.
+
+Two `relayq mcp` processes on one store (a task started on one is read and answered on
+the other), a worker of the test's own, and clients built with the `mcp` SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.mcp_tasks_client import (
+    Task,
+    cancel_task,
+    connected,
+    get_task,
+    start_task,
+    update_task,
+)
+from tests.ports import free_port
+from tests.processes import stop_group
+
+from .conftest import SUBMITTER, TOKENS, Durable, SpareWorkers, start_api_process
+
+pytestmark = pytest.mark.timeout(120)
+
+OTHER_SUBMITTER = "tok-sub-2"
+SECRET = "a-secret-of-at-least-thirty-two-characters"
+
+
+@dataclass
+class Served:
+    spare: Durable
+    urls: tuple[str, str]
+
+
+@pytest.fixture(scope="module")
+def served(durable: Durable, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    spares = SpareWorkers(durable)
+    spare = spares.start(RELAYQ_AGENTS="tests.durable.agents,tests.durable.served_agents")
+    env = {
+        **spare.env,
+        "RELAYQ_API_TOKENS": f"{TOKENS},sue:submitter:{OTHER_SUBMITTER}",
+        "RELAYQ_API_SECRET": SECRET,
+    }
+    logs = tmp_path_factory.mktemp("mcp")
+    ports = (free_port(), free_port())
+    procs = [start_api_process(env, port, logs / f"mcp-{port}.log", "mcp") for port in ports]
+    try:
+        yield Served(spare, tuple(f"http://127.0.0.1:{p}/mcp" for p in ports))  # type: ignore[arg-type]
+    finally:
+        for proc in procs:
+            stop_group(proc)
+        for worker in spares.started:
+            worker.stop()
+
+
+async def until_status(client, task_id: str, *statuses: str) -> Task:
+    for _ in range(600):
+        task = await get_task(client, task_id)
+        if task.status in statuses:
+            return task
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"task {task_id} stayed {task.status}")
+
+
+def accept(output: str) -> dict[str, object]:
+    return {"action": "accept", "content": {"output": output}}
+
+
+async def test_each_agent_is_a_run_tool_taking_a_prompt(served: Served):
+    async with connected(served.urls[0], SUBMITTER, tasks=False) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+
+    assert {"run_seed-three", "run_gated"} <= set(tools)
+    assert tools["run_seed-three"].input_schema["required"] == ["prompt"]
+
+
+async def test_a_task_asks_for_each_relay_call_and_completes_when_one_update_answers_them(
+    served: Served,
+):
+    async with connected(served.urls[0], SUBMITTER, tasks=True) as client:
+        created = await start_task(client, "run_seed-three", "all at once")
+        assert created.status == "working"
+        asked = await until_status(client, created.task_id, "input_required")
+        requests = asked.input_requests or {}
+        assert set(requests) == {"c1", "c2", "c3"}
+        about = (asked.meta or {})["relayq/calls"]["c1"]
+        assert (about["name"], about["arguments"]) == ("alpha", {})
+        assert about["schema"] == {"type": "object", "properties": {}}
+        assert requests["c1"]["method"] == "elicitation/create"
+
+        await update_task(client, created.task_id, {k: accept(k.upper()) for k in requests})
+        done = await until_status(client, created.task_id, "completed")
+
+    assert done.result == {"content": [{"type": "text", "text": "C1,C2,C3"}], "isError": False}
+
+
+async def test_answers_in_two_updates_accumulate_and_a_second_process_serves_the_task(
+    served: Served,
+):
+    # Given a task started through the first process, answered in part there
+    async with connected(served.urls[0], SUBMITTER, tasks=True) as first:
+        created = await start_task(first, "run_seed-three", "in two parts")
+        await until_status(first, created.task_id, "input_required")
+        await update_task(first, created.task_id, {"c1": accept("one"), "c2": accept("two")})
+    # When a client of the second process reads it and answers the rest
+    async with connected(served.urls[1], SUBMITTER, tasks=True) as second:
+        rest = await get_task(second, created.task_id)
+        # Then it asks only for the call without a result, and completes with all three
+        assert (rest.status, set(rest.input_requests or {})) == ("input_required", {"c3"})
+        await update_task(second, created.task_id, {"c3": accept("three"), "c1": accept("x")})
+        done = await until_status(second, created.task_id, "completed")
+
+    assert done.result["content"][0]["text"] == "one,two,three"  # type: ignore[index]
+
+
+async def test_an_approval_is_an_input_request_deciding_it(served: Served):
+    async with connected(served.urls[1], SUBMITTER, tasks=True) as client:
+        created = await start_task(client, "run_gated", "release it")
+        asked = await until_status(client, created.task_id, "input_required")
+        ((key, request),) = (asked.input_requests or {}).items()
+        schema = request["params"]["requestedSchema"]
+        assert schema["properties"]["decision"]["enum"] == ["approve", "edit", "decline"]
+        edited = {"decision": "edit", "arguments": json.dumps({"service": "api"})}
+
+        await update_task(client, created.task_id, {key: {"action": "accept", "content": edited}})
+        done = await until_status(client, created.task_id, "completed")
+
+    text = done.result["content"][0]["text"]  # type: ignore[index]
+    assert text.endswith("\nreleased api")
+    assert 'service: "web" -> "api"' in text
+
+
+async def test_a_cancelled_task_is_cancelled(served: Served):
+    async with connected(served.urls[0], SUBMITTER, tasks=True) as client:
+        created = await start_task(client, "run_seed-three", "never mind")
+        await until_status(client, created.task_id, "input_required")
+
+        await cancel_task(client, created.task_id)
+        task = await until_status(client, created.task_id, "cancelled")
+
+    assert task.input_requests is None
+
+
+async def test_a_failed_run_is_a_failed_task_with_its_error(served: Served):
+    async with connected(served.urls[0], SUBMITTER, tasks=True) as client:
+        created = await start_task(client, "run_buggy", "look up order 17")
+        task = await until_status(client, created.task_id, "failed", "completed")
+
+    assert task.status == "failed"
+    assert "order 17 is not in the book" in (task.error or {}).get("message", "")
+
+
+async def test_tasks_methods_need_the_extension_declared(served: Served):
+    async with connected(served.urls[0], SUBMITTER, tasks=True) as client:
+        created = await start_task(client, "run_seed-three", "declared")
+    async with connected(served.urls[0], SUBMITTER, tasks=False) as plain:
+        with pytest.raises(MCPError) as refused:
+            await get_task(plain, created.task_id)
+
+    assert refused.value.error.code == types.MISSING_REQUIRED_CLIENT_CAPABILITY
+
+
+async def test_a_task_is_its_starters_alone(served: Served):
+    async with connected(served.urls[0], SUBMITTER, tasks=True) as client:
+        created = await start_task(client, "run_seed-three", "mine")
+    async with connected(served.urls[0], OTHER_SUBMITTER, tasks=True) as other:
+        with pytest.raises(MCPError, match="no task"):
+            await get_task(other, created.task_id)
+        with pytest.raises(MCPError, match="no task"):
+            await cancel_task(other, created.task_id)
+
+
+async def test_no_token_is_a_401_and_changes_nothing(served: Served):
+    async with httpx.AsyncClient(trust_env=False) as http:
+        reply = await http.post(
+            served.urls[0], json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        )
+    assert reply.status_code == 401
+
+
+async def test_without_tasks_a_call_answers_input_required_and_its_retry_completes_the_run(
+    served: Served,
+):
+    async with connected(served.urls[0], SUBMITTER, tasks=False) as client:
+        arguments = {"prompt": "round trips"}
+        asked = await client.session.call_tool(
+            "run_seed-three", arguments, allow_input_required=True
+        )
+        assert isinstance(asked, types.InputRequiredResult)
+        assert set(asked.input_requests or {}) == {"c1", "c2", "c3"}
+        assert (asked.meta or {})["relayq/calls"]["c2"]["name"] == "beta"
+        assert asked.request_state is not None
+        responses: dict[str, types.InputResponse] = {
+            key: types.ElicitResult(action="accept", content={"output": key})
+            for key in asked.input_requests or {}
+        }
+
+        # A forged requestState is refused, and changes nothing
+        forged = asked.request_state[:-4] + (
+            "AAAA" if not asked.request_state.endswith("AAAA") else "BBBB"
+        )
+        with pytest.raises(MCPError, match="requestState"):
+            await client.session.call_tool(
+                "run_seed-three", arguments, input_responses=responses, request_state=forged,
+                allow_input_required=True,
+            )  # fmt: skip
+        done = await client.session.call_tool(
+            "run_seed-three", arguments, input_responses=responses,
+            request_state=asked.request_state, allow_input_required=True,
+        )  # fmt: skip
+        assert isinstance(done, types.CallToolResult)
+        assert (done.content[0].text, done.is_error) == ("c1,c2,c3", False)  # type: ignore[union-attr]
+
+        # The same state again names a request the run no longer waits on: refused
+        with pytest.raises(MCPError, match="no longer waits on"):
+            await client.session.call_tool(
+                "run_seed-three", arguments, input_responses=responses,
+                request_state=asked.request_state, allow_input_required=True,
+            )  # fmt: skip
+
+
+async def test_an_sdk_client_answering_elicitations_drives_a_run_to_its_end(served: Served):
+    seen: list[tuple[str, object]] = []
+
+    async def run_it_here(context, params) -> types.ElicitResult:
+        name, _, arguments = params.message.removeprefix("Run ").partition(" with ")
+        seen.append((name, json.loads(arguments)))
+        return types.ElicitResult(action="accept", content={"output": f"{name} ran"})
+
+    headers = {"Authorization": f"Bearer {SUBMITTER}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http:
+        transport = streamable_http_client(served.urls[1], http_client=http)
+        async with Client(transport, elicitation_callback=run_it_here, cache=None) as client:
+            result = await client.call_tool("run_seed-three", {"prompt": "by callback"})
+
+    assert sorted(seen) == [("alpha", {}), ("beta", {}), ("gamma", {})]
+    assert result.content[0].text == "alpha ran,beta ran,gamma ran"  # type: ignore[union-attr]
