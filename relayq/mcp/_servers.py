@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 from relayq._errors import ToolkitError
+
+if TYPE_CHECKING:
+    from relayq._tools import Tool
 
 __all__ = ["MCPServer", "MCPServerHTTP", "MCPServerStdio"]
 
@@ -30,12 +33,17 @@ class _Common:
     """How long connecting and listing the tools may take."""
     call_timeout: timedelta
     """How long one call may wait for the server's reply (a silent server is given up on)."""
+    wrap: Callable[[Tool], Tool] | None
+    """A policy around each tool the server lists, as offered (say `requires_approval`
+    for some of them); None: the tools as they are."""
 
     def _check(self) -> None:
         if self.name is not None and not _PREFIX.match(self.name):
             raise ToolkitError(
                 f"MCP server name {self.name!r} must be 1-32 letters, digits, '_' or '-'"
             )
+        if self.wrap is not None and not callable(self.wrap):
+            raise ToolkitError(f"MCP server {self.label}: wrap must be a function of a Tool")
         for bound in (self.connect_timeout, self.call_timeout):
             if not isinstance(bound, timedelta) or bound <= timedelta(0):
                 raise ToolkitError(f"MCP server {self.label}: timeouts must be positive timedeltas")
@@ -61,6 +69,10 @@ class MCPServerHTTP(_Common):
         MCPServerHTTP("https://tools.example.com/mcp", name="docs",
                       headers={"Authorization": f"Bearer {os.environ['DOCS_TOKEN']}"})
 
+    # a person approves each call of its `delete` first
+    MCPServerHTTP(url, name="fs",
+                  wrap=lambda t: requires_approval(t) if t.name == "fs_delete" else t)
+
     Headers are sent with every request and never logged or shown.
     """
 
@@ -76,12 +88,13 @@ class MCPServerHTTP(_Common):
         relay: Sequence[str] = (),
         connect_timeout: timedelta = _CONNECT,
         call_timeout: timedelta = _CALL,
+        wrap: Callable[[Tool], Tool] | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ToolkitError(f"MCP server URL must start with http:// or https://, not {url!r}")
         _set(self, url=url, headers=tuple(sorted((headers or {}).items())))
         _set(self, name=name, relay=_names(relay), connect_timeout=connect_timeout)
-        _set(self, call_timeout=call_timeout)
+        _set(self, call_timeout=call_timeout, wrap=wrap)
         self._check()
 
     @property
@@ -123,13 +136,14 @@ class MCPServerStdio(_Common):
         relay: Sequence[str] = (),
         connect_timeout: timedelta = _CONNECT,
         call_timeout: timedelta = _CALL,
+        wrap: Callable[[Tool], Tool] | None = None,
     ) -> None:
         if not isinstance(command, str) or not command:
             raise ToolkitError(f"MCP server command must be a program, not {command!r}")
         _set(self, command=command, args=tuple(args), env=tuple(sorted((env or {}).items())))
         _set(self, cwd=None if cwd is None else str(cwd))
         _set(self, name=name, relay=_names(relay), connect_timeout=connect_timeout)
-        _set(self, call_timeout=call_timeout)
+        _set(self, call_timeout=call_timeout, wrap=wrap)
         self._check()
 
     @property

@@ -55,7 +55,23 @@ def _as_tools(server: MCPServer, listing: Listing) -> list[Tool]:
             f"MCP server {server.label} lists no tool {', '.join(map(repr, unknown))} "
             f"that relay= names (it lists {', '.join(sorted(names)) or 'none'})"
         )
-    return [_as_tool(server, listed) for listed in listing.tools]
+    tools = [_as_tool(server, listed) for listed in listing.tools]
+    return tools if server.wrap is None else [_wrapped(server, tool) for tool in tools]
+
+
+def _wrapped(server: MCPServer, tool: Tool) -> Tool:
+    assert server.wrap is not None
+    try:
+        wrapped = server.wrap(tool)
+    except Exception as exc:
+        raise ToolkitError(f"MCP server {server.label}: wrap({tool.name}) raised {exc!r}") from exc
+    if not isinstance(wrapped, Tool):
+        raise ToolkitError(
+            f"MCP server {server.label}: wrap({tool.name}) returned "
+            f"{type(wrapped).__name__}, not a Tool",
+            tool.name,
+        )
+    return wrapped
 
 
 def _as_tool(server: MCPServer, listed: mcp_types.Tool) -> Tool:

@@ -11,8 +11,20 @@ from typing import Any
 
 import pytest
 
-from relayq import Agent, ToolContext, Toolkit, ToolkitError, ToolResult
+from relayq import (
+    Agent,
+    InProcessRequest,
+    InProcessResponse,
+    InProcessToolCall,
+    Tool,
+    ToolContext,
+    Toolkit,
+    ToolkitError,
+    ToolResult,
+    create_in_process_client,
+)
 from relayq.agents import AgentError
+from relayq.approvals import approve, requires_approval
 from relayq.mcp import MCPError, MCPServerHTTP, MCPServerStdio, check_servers
 from relayq.mcp._tools import ATTEMPTS
 from tests.mcp_processes import ROOT, MCPServerProcess, stdio_args
@@ -159,13 +171,50 @@ async def test_a_server_that_stays_away_gives_an_error_result_after_its_tries(
     assert "its tools as last listed are offered" in caplog.text
 
 
-async def test_a_call_the_server_never_answers_is_given_up_on(tmp_path: Path):
+async def test_a_call_the_server_never_answers_is_given_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr("relayq.mcp._tools.ATTEMPTS", 1)  # the bound, not the retries
     toolkit = await agent(stdio(tmp_path, call_timeout=timedelta(seconds=0.5))).toolkit()
 
     result = await call(toolkit, "nap", {"seconds": 30})
 
     assert result.is_error
     assert "no reply in 0.5 s" in result.output
+
+
+async def test_a_wrapped_tool_runs_only_once_its_call_is_approved(tmp_path: Path):
+    # Given the server's tally gated by an approval, and a model that calls it
+    def gate(tool: Tool) -> Tool:
+        return requires_approval(tool) if tool.name == "box_tally" else tool
+
+    def model(req: InProcessRequest) -> InProcessResponse:
+        outputs = [m["content"] for m in req.messages if m["role"] == "tool"]
+        if outputs:
+            return InProcessResponse(content=str(outputs[0]))
+        call = InProcessToolCall(id="c1", name="box_tally", arguments={"name": "gated"})
+        return InProcessResponse(tool_calls=[call])
+
+    toolkit = await agent(stdio(tmp_path, name="box", wrap=gate)).toolkit()
+    client = create_in_process_client(generate=model)
+
+    # When the run asks, nothing has reached the server; once approved, the call runs
+    halted = await client.run("tally it", toolkit)
+    assert halted.status == "pending"
+    assert halted.pending is not None
+    assert halted.pending.kind == "tool_approval"
+    assert not (tmp_path / "mcp.log").exists()
+    done = await client.run_with_answer(
+        toolkit, halted.messages, halted.pending, approve(halted.pending.id)
+    )
+
+    assert done.text.startswith("tallied gated")
+    assert (tmp_path / "mcp.log").read_text().startswith("gated ")
+
+
+async def test_a_wrap_that_gives_no_tool_is_refused(tmp_path: Path):
+    with pytest.raises(ToolkitError, match=r"wrap\(add\) returned str, not a Tool"):
+        await agent(stdio(tmp_path, wrap=lambda tool: "nope")).toolkit()
 
 
 async def test_an_unreachable_server_is_one_error_naming_it():
