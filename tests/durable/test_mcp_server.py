@@ -230,6 +230,42 @@ async def test_without_tasks_a_call_answers_input_required_and_its_retry_complet
             )  # fmt: skip
 
 
+async def test_a_request_state_given_with_another_call_or_token_is_refused_and_changes_nothing(
+    served: Served,
+):
+    # Given a run waiting on its calls, and the state that names its request
+    async with connected(served.urls[0], SUBMITTER, tasks=False) as client:
+        first = {"prompt": "the first"}
+        asked = await client.session.call_tool("run_seed-three", first, allow_input_required=True)
+        assert isinstance(asked, types.InputRequiredResult)
+        state = asked.request_state
+        responses: dict[str, types.InputResponse] = {
+            key: types.ElicitResult(action="accept", content={"output": "x"})
+            for key in asked.input_requests or {}
+        }
+        # When it comes back with another call (other arguments, another agent)
+        for tool, arguments in (("run_seed-three", {"prompt": "another"}), ("run_gated", first)):
+            with pytest.raises(MCPError, match="requestState"):
+                await client.session.call_tool(
+                    tool, arguments, input_responses=responses, request_state=state,
+                    allow_input_required=True,
+                )  # fmt: skip
+    # or from another token's holder
+    async with connected(served.urls[1], OTHER_SUBMITTER, tasks=False) as other:
+        with pytest.raises(MCPError, match="requestState"):
+            await other.session.call_tool(
+                "run_seed-three", first, input_responses=responses, request_state=state,
+                allow_input_required=True,
+            )  # fmt: skip
+        # Then the run still waits on all three calls, none answered
+        async with connected(served.urls[0], SUBMITTER, tasks=False) as client:
+            again = await client.session.call_tool(
+                "run_seed-three", first, request_state=state, allow_input_required=True
+            )
+    assert isinstance(again, types.InputRequiredResult)
+    assert set(again.input_requests or {}) == {"c1", "c2", "c3"}
+
+
 async def test_an_sdk_client_answering_elicitations_drives_a_run_to_its_end(served: Served):
     seen: list[tuple[str, object]] = []
 
