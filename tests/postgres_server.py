@@ -43,7 +43,8 @@ def postgres_binaries() -> Path | None:
 class PrivatePostgres:
     """A PostgreSQL cluster of its own on 127.0.0.1:<free port>."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, options: str = "") -> None:
+        """`options`: more `-c name=value` settings for the server, after the defaults."""
         binaries = postgres_binaries()
         if binaries is None:
             raise RuntimeError("no initdb and pg_ctl on this machine")
@@ -59,6 +60,7 @@ class PrivatePostgres:
             os.chown(self.folder, user.pw_uid, user.pw_gid)
             self._as = {"user": user.pw_uid, "group": user.pw_gid}
         self._initialised = False
+        self.options = options
 
     @property
     def url(self) -> str:
@@ -90,7 +92,7 @@ class PrivatePostgres:
         # (synchronous_commit on): off, a crash would lose commits a caller was told of.
         options = (
             f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c full_page_writes=off"
+            f"-c fsync=off -c full_page_writes=off {self.options}"
         )
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.logfile),
                   "-w", "-t", "60", "start")  # fmt: skip
