@@ -270,7 +270,8 @@ def calibrate(pg: PrivatePostgres, broker: PrivateRedis, seconds: int) -> None:
     projections in docs/scale.md scale from."""
     pgbench = pg.bin / "pgbench"
     target = ["-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres"]
-    subprocess.run([str(pgbench), "-i", "-q", "-s", "10", *target, "postgres"],
+    size = "10" if seconds >= 10 else "1"  # a short calibration, a small table (the tests')
+    subprocess.run([str(pgbench), "-i", "-q", "-s", size, *target, "postgres"],
                    check=True, capture_output=True)  # fmt: skip
     done = subprocess.run(
         [str(pgbench), "-c", "32", "-j", "2", "-T", str(seconds), *target, "postgres"],
@@ -284,7 +285,8 @@ def calibrate(pg: PrivatePostgres, broker: PrivateRedis, seconds: int) -> None:
         print("no redis-benchmark on this machine")
         return
     done = subprocess.run(
-        [binary, "-p", str(broker.port), "-q", "-n", "200000", "-c", "50", "-t", "lpush,lpop"],
+        [binary, "-p", str(broker.port), "-q", "-n", "200000" if seconds >= 10 else "20000",
+         "-c", "50", "-t", "lpush,lpop"],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     lines = [line.strip() for line in done.stdout.replace("\r", "\n").splitlines()]
