@@ -135,6 +135,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--latency", type=float, default=1.0, help="seconds the model takes per call")
     add("--workers", default="1,2,4", help="worker processes to compare, comma-separated")
     add("--calibrate", type=int, default=15, help="seconds of pgbench on the same server")
+    add("--warm-up", type=int, default=20, help="runs before the counted ones (0: none)")
     return parser.parse_args(argv)
 
 
@@ -197,7 +198,9 @@ def per_turn(
     folder.mkdir()
     env = worker_env(folder, url, broker, port)
     # A first, small round makes the tables, connections and scripts: not a turn's cost.
-    asyncio.run(measure(env, "asyncio", 20, 20, args.turns, folder, "INFO"))
+    if args.warm_up:
+        warm = args.warm_up
+        asyncio.run(measure(env, "asyncio", warm, warm, args.turns, folder, "INFO"))
     admin = psycopg.connect(pg.url.replace("+psycopg", ""), autocommit=True)
     counter = redis.Redis.from_url(broker.url)
     try:

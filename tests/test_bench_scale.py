@@ -31,7 +31,7 @@ def test_the_benchmark_counts_what_a_turn_asks_of_each_server(
     if postgres_binaries() is None:
         machine_parts.missing("postgres", "no initdb and pg_ctl to make a PostgreSQL of its own")
     scale.main(["--runs", "6", "--turns", "2", "--latency", "0.05", "--workers", "2",
-                "--calibrate", "1"])  # fmt: skip
+                "--calibrate", "1", "--warm-up", "0"])  # fmt: skip
 
     out = capsys.readouterr().out
     transactions = number(out, "transactions (BEGIN)")
