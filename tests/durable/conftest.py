@@ -153,6 +153,11 @@ def database_url(
         yield url
 
 
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+"""For a test whose subject is not the store (MCP, Redis connections): SQLite alone, where
+it would run on both."""
+
+
 @pytest.fixture
 def private_database(database_url: str, tmp_path: Path) -> Iterator[str]:
     """A database of the session's kind that no other worker sweeps: for a test whose

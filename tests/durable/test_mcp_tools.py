@@ -16,15 +16,11 @@ from tasks import DurableClient
 from tests.mcp_processes import ROOT, MCPServerProcess
 from tests.ports import free_port
 
-from .conftest import Durable, Eventually, SpareWorkers
+from .conftest import SQLITE_ONLY, Durable, Eventually, SpareWorkers
 
 pytestmark = pytest.mark.timeout(180)
 
 RUNS = 30
-
-# What a server's tools do to a run is the store's business nowhere: the batch runs on
-# both stores, the rest on SQLite alone.
-ONE_STORE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 @pytest.fixture
@@ -97,7 +93,7 @@ async def _run_ids(client: DurableClient, batch_id: str) -> list[str]:
     return [row.id for row in rows]
 
 
-@ONE_STORE
+@SQLITE_ONLY  # the batch runs on both stores
 async def test_an_mcp_tool_declared_relay_suspends_the_run_for_the_host(
     spare_workers: SpareWorkers, mcp_server: MCPServerProcess
 ):
@@ -121,7 +117,7 @@ async def test_an_mcp_tool_declared_relay_suspends_the_run_for_the_host(
     assert (done.status, done.text) == ("done", "sent by host")
 
 
-@ONE_STORE
+@SQLITE_ONLY  # the batch runs on both stores
 def test_a_worker_whose_mcp_server_cannot_be_reached_stops_with_one_line_naming_it(
     durable: Durable,
 ):
@@ -140,7 +136,7 @@ def test_a_worker_whose_mcp_server_cannot_be_reached_stops_with_one_line_naming_
     assert line.startswith("relayq: error: agent 'mcp-tools': MCP server 'web': "), line
 
 
-@ONE_STORE
+@SQLITE_ONLY  # the batch runs on both stores
 async def test_a_server_whose_tools_changed_while_a_run_was_suspended_is_reported(
     spare_workers: SpareWorkers, mcp_server: MCPServerProcess
 ):
