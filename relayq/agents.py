@@ -155,6 +155,8 @@ class Agent:
     async def toolkit(self) -> Toolkit:
         """The agent's toolkit, built once (a race builds it twice, harmlessly), and again
         when an MCP server's tools are listed anew (a new connection lists them)."""
+        if self._toolkit is not None and not self.mcp_servers:
+            return self._toolkit  # every turn asks: no work where nothing can change
         extra = list(self.tools)
         listings: list[object] = []
         for server in self.mcp_servers:

@@ -7,8 +7,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,12 +39,18 @@ class MCPServerProcess:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout
-        while not _listening(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError("the MCP server did not start")
-            time.sleep(0.05)
+        proc = self.proc
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError("the MCP server exited as it started")
+            return _listening(self.port)
+
+        try:
+            until(up, what="the MCP server to listen", timeout=timeout)
+        except BaseException:
+            self.kill()
+            raise
         return self
 
     def kill(self) -> None:

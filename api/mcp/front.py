@@ -193,17 +193,13 @@ class McpFront:
     async def _get_task(
         self, ctx: ServerRequestContext[Any], params: TaskIdParams
     ) -> dict[str, Any]:
-        who = self._principal(ctx, Permission.READ)
-        _require_tasks(ctx)
-        await self._own(who, params.task_id)
+        await self._task_caller(ctx, params.task_id)
         return {"resultType": "complete", **await self._task(params.task_id)}
 
     async def _update_task(
         self, ctx: ServerRequestContext[Any], params: UpdateTaskParams
     ) -> dict[str, Any]:
-        who = self._principal(ctx, Permission.READ)
-        _require_tasks(ctx)
-        await self._own(who, params.task_id)
+        who = await self._task_caller(ctx, params.task_id)
         stored = await self._open_request(params.task_id)
         if stored is not None:
             await self._answer(who, stored, params.input_responses)
@@ -212,11 +208,17 @@ class McpFront:
     async def _cancel_task(
         self, ctx: ServerRequestContext[Any], params: TaskIdParams
     ) -> dict[str, Any]:
-        who = self._principal(ctx, Permission.READ)
-        _require_tasks(ctx)
-        await self._own(who, params.task_id)
+        await self._task_caller(ctx, params.task_id)
         await self.client.cancel(params.task_id)
         return {"resultType": "complete"}
+
+    async def _task_caller(self, ctx: ServerRequestContext[Any], task_id: str) -> Principal:
+        """Who asks about `task_id`: a known token, a client of the extension, the task's
+        starter; else the error that says which is missing."""
+        who = self._principal(ctx, Permission.READ)
+        _require_tasks(ctx)
+        await self._own(who, task_id)
+        return who
 
     async def _task(self, run_id: str) -> dict[str, Any]:
         run = await self.client.store(get_run, self.client.db, run_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,7 +24,7 @@ _CALL = timedelta(seconds=60)
 
 
 @dataclass(frozen=True, eq=False)
-class _Common:
+class _Common(ABC):
     name: str | None
     """Prefixes the server's tool names (`fs` offers `read` as `fs_read`); unprefixed if None."""
     relay: tuple[str, ...]
@@ -37,7 +38,17 @@ class _Common:
     """A policy around each tool the server lists, as offered (say `requires_approval`
     for some of them); None: the tools as they are."""
 
-    def _check(self) -> None:
+    def _settle(
+        self,
+        name: str | None,
+        relay: Sequence[str],
+        connect_timeout: timedelta,
+        call_timeout: timedelta,
+        wrap: Callable[[Tool], Tool] | None,
+    ) -> None:
+        """Set the options both kinds of server take, and check them."""
+        _set(self, name=name, relay=_names(relay), connect_timeout=connect_timeout)
+        _set(self, call_timeout=call_timeout, wrap=wrap)
         if self.name is not None and not _PREFIX.match(self.name):
             raise ToolkitError(
                 f"MCP server name {self.name!r} must be 1-32 letters, digits, '_' or '-'"
@@ -54,8 +65,9 @@ class _Common:
         return repr(self.name) if self.name is not None else self.where
 
     @property
+    @abstractmethod
     def where(self) -> str:
-        raise NotImplementedError
+        """Where the server is, shown without secrets."""
 
     def offered_name(self, tool: str) -> str:
         """The name the model sees for the server's `tool`."""
@@ -93,9 +105,7 @@ class MCPServerHTTP(_Common):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ToolkitError(f"MCP server URL must start with http:// or https://, not {url!r}")
         _set(self, url=url, headers=tuple(sorted((headers or {}).items())))
-        _set(self, name=name, relay=_names(relay), connect_timeout=connect_timeout)
-        _set(self, call_timeout=call_timeout, wrap=wrap)
-        self._check()
+        self._settle(name, relay, connect_timeout, call_timeout, wrap)
 
     @property
     def where(self) -> str:
@@ -142,9 +152,7 @@ class MCPServerStdio(_Common):
             raise ToolkitError(f"MCP server command must be a program, not {command!r}")
         _set(self, command=command, args=tuple(args), env=tuple(sorted((env or {}).items())))
         _set(self, cwd=None if cwd is None else str(cwd))
-        _set(self, name=name, relay=_names(relay), connect_timeout=connect_timeout)
-        _set(self, call_timeout=call_timeout, wrap=wrap)
-        self._check()
+        self._settle(name, relay, connect_timeout, call_timeout, wrap)
 
     @property
     def where(self) -> str:

@@ -267,29 +267,31 @@ def prompt() -> str:
 Eventually = Callable[..., Awaitable[Any]]
 
 
+async def poll(
+    check: Callable[[], Any], *, timeout: float = 30.0, what: str = "the condition"
+) -> Any:
+    """`check()` (sync or async) once it returns something truthy; fails the test naming
+    `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout:g} s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
 @pytest.fixture
 def eventually() -> Eventually:
     """Poll `check` (sync or async) until it returns something truthy, and return that.
 
     `await eventually(lambda: durable.count("tool", key) == 1, what="the tool to start")`
     """
-
-    async def poll(
-        check: Callable[[], Any], *, timeout: float = 30.0, what: str = "the condition"
-    ) -> Any:
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        while True:
-            value = check()
-            if inspect.isawaitable(value):
-                value = await value
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what} did not happen within {timeout:g} s")
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.2)
-
     return poll
 
 

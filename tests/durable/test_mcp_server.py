@@ -6,7 +6,6 @@ the other), a worker of the test's own, and clients built with the `mcp` SDK.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from tests.mcp_tasks_client import (
 from tests.ports import free_port
 from tests.processes import stop_group
 
-from .conftest import SUBMITTER, TOKENS, Durable, SpareWorkers, start_api_process
+from .conftest import SUBMITTER, TOKENS, Durable, SpareWorkers, poll, start_api_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,12 +64,14 @@ def served(durable: Durable, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 async def until_status(client, task_id: str, *statuses: str) -> Task:
-    for _ in range(600):
+    """The task once `tasks/get` says one of `statuses` (the extension's way: clients poll)."""
+
+    async def reached() -> Task | None:
         task = await get_task(client, task_id)
-        if task.status in statuses:
-            return task
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"task {task_id} stayed {task.status}")
+        return task if task.status in statuses else None
+
+    found: Task = await poll(reached, timeout=60, what=f"task {task_id} to be {statuses}")
+    return found
 
 
 def accept(output: str) -> dict[str, object]:
