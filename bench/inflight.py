@@ -2,6 +2,7 @@
 
     python -m bench.inflight                      # 500 runs of 5 turns, 1 s model latency
     python -m bench.inflight --runs 200 --latency 0.5 --pools asyncio,threads
+    python -m bench.inflight --pools asyncio --stores sqlite --batch-queues 0,10,100
 
 A local model server answers every call after a fixed latency. N runs start
 at once against this one machine's workers: one process per pool, or N with
@@ -10,6 +11,11 @@ the ideal is N / latency turns per second; the table shows what each pool
 achieved, as a share of that ideal, and the workers' peak memory. Pools other
 than asyncio hold a process or a thread per turn, so they get their own,
 smaller N (`--classic-runs`), and the ratio is still to their ideal.
+
+`--batch-queues 0,10,100` measures each count side by side: before the runs start,
+that many batches of one run each wait on a relay call, so the workers consume that
+many batch queues besides their own (each `BRPOP` names every queue at every priority
+step) while the measured runs go through the turn queue.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class Outcome:
     failed: int
     cpu_seconds: float = 0.0
     """The worker processes' CPU (user and system) while the runs ran."""
+    batch_queues: int = 0
+    """Idle batch queues the workers consumed meanwhile."""
 
     def cpu_ms(self) -> float:
         return 1000 * self.cpu_seconds / self.turns
@@ -183,8 +191,10 @@ async def measure(
     turns: int,
     home: Path,
     loglevel: str = "INFO",
+    batch_queues: int = 0,
 ) -> Outcome:
-    """`spec` is a pool, or `pool*N` for N worker processes on this machine."""
+    """`spec` is a pool, or `pool*N` for N worker processes on this machine; with
+    `batch_queues`, that many batches wait on a relay call while the runs go."""
     pool, _, procs = spec.partition("*")
     count = int(procs or 1)
     settings = Settings.from_env(env)
@@ -199,6 +209,8 @@ async def measure(
     try:
         for log, worker in zip(logs, workers, strict=True):
             await asyncio.to_thread(wait_ready, log, worker)
+        if batch_queues:
+            await idle_batches(client, batch_queues, logs)
         # The workers' start (imports, migrations) is not the turns' cost.
         await asyncio.sleep(1.0)
         sampler.start()
@@ -214,8 +226,22 @@ async def measure(
         client.close()
     store = "postgresql" if "postgresql" in env["RELAYQ_DATABASE_URL"] else "sqlite"
     return Outcome(
-        store, spec, each * count, runs, runs * turns, seconds, sampler.peak, failed, cpu
-    )
+        store, spec, each * count, runs, runs * turns, seconds, sampler.peak, failed, cpu,
+        batch_queues,
+    )  # fmt: skip
+
+
+async def idle_batches(client: DurableClient, count: int, logs: list[Path]) -> None:
+    """`count` batches of one `bench-relayed` run each, left waiting on their relay call,
+    and every worker consuming their queues (`workers.batch_queues`), as its log says."""
+    for n in range(count):
+        await client.start_batch("bench-relayed", [(f"idle-{n}", "wait")], name=f"idle-{n}")
+    deadline = time.monotonic() + 120
+    while not all(log.read_bytes().count(b"Started consuming from") >= count for log in logs):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the workers did not all consume the {count} batch queues")
+        await asyncio.sleep(0.2)
+
 
 
 def mode_folders(modes: str, prefix: str) -> list[tuple[str, Path]]:
@@ -288,7 +314,7 @@ def drop_postgres(name: str) -> None:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -304,11 +330,17 @@ def parse() -> argparse.Namespace:
     )
     add("--stores", default="sqlite,postgresql", help="stores to compare, comma-separated")
     add("--loglevel", default="INFO", help="the workers' log level (INFO logs every task)")
-    return parser.parse_args()
+    add(
+        "--batch-queues",
+        default="0",
+        help="idle batch queues the workers consume meanwhile; comma-separated counts are "
+        "measured side by side",
+    )
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse()
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     home = Path(tempfile.mkdtemp(prefix="rq-bench-"))
     port = free_port()
     server = subprocess.Popen(
@@ -321,15 +353,18 @@ def main() -> None:
         time.sleep(1.5)
         for store in args.stores.split(","):
             for pool in args.pools.split(","):
-                slug = pool.replace("*", "x")
-                results += one(args, home / f"{store}-{slug}", store, pool, port)
+                for queues in (int(n) for n in args.batch_queues.split(",")):
+                    slug = f"{pool.replace('*', 'x')}-{queues}"
+                    results += one(args, home / f"{store}-{slug}", store, pool, port, queues)
     finally:
         server.terminate()
         server.wait(timeout=10)
     print_table(results, args.latency)
 
 
-def one(args: argparse.Namespace, home: Path, store: str, pool: str, port: int) -> list[Outcome]:
+def one(
+    args: argparse.Namespace, home: Path, store: str, pool: str, port: int, batch_queues: int = 0
+) -> list[Outcome]:
     kind = pool.partition("*")[0]
     runs = args.runs if kind == "asyncio" else args.classic_runs
     concurrency = runs if kind in ("asyncio", "threads") else (os.cpu_count() or 2)
@@ -341,7 +376,9 @@ def one(args: argparse.Namespace, home: Path, store: str, pool: str, port: int) 
         return []
     env = bench_env(home, url, port, f"relayq-bench-{home.name}-{os.getpid()}:")
     try:
-        outcome = measure(env, pool, concurrency, runs, args.turns, home, args.loglevel)
+        outcome = measure(
+            env, pool, concurrency, runs, args.turns, home, args.loglevel, batch_queues
+        )
         return [asyncio.run(outcome)]
     finally:
         if store != "sqlite":
@@ -372,14 +409,15 @@ def print_table(results: list[Outcome], latency: float) -> None:
         f"\none worker machine, {os.cpu_count()} cores, model latency {latency:g} s; "
         "ideal = runs in flight / latency\n"
     )
-    print("| store | pool | in flight | runs | turns | seconds | turns/s | ideal | % of ideal "
-          "| worker CPU ms/turn | peak RSS MiB | not done |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| store | pool | batch queues | in flight | runs | turns | seconds | turns/s | ideal "
+          "| % of ideal | worker CPU ms/turn | peak RSS MiB | not done |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         ideal = min(r.runs, r.concurrency) / latency
         rate = r.turns_per_second()
         print(
-            f"| {r.store} | {r.pool} | {r.concurrency} | {r.runs} | {r.turns} | {r.seconds:.1f} "
+            f"| {r.store} | {r.pool} | {r.batch_queues} | {r.concurrency} | {r.runs} | {r.turns} "
+            f"| {r.seconds:.1f} "
             f"| {rate:.1f} | {ideal:.0f} | {100 * rate / ideal:.0f}% | {r.cpu_ms():.2f} "
             f"| {r.peak_rss_mb:.0f} "
             f"| {r.failed} |"

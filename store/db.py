@@ -342,6 +342,7 @@ class Database:
         self.unbounded = self._writer.execution_options(**{UNBOUNDED: True})
         """The writer, for statements that may take long by design (a migration, its lock):
         no statement timeout, and never taken for a silent connection's."""
+        self._autocommit = self._writer.execution_options(isolation_level="AUTOCOMMIT")
         # SQLite's reads already share one snapshot per transaction (WAL); PostgreSQL's
         # READ COMMITTED takes one per statement.
         self._snapshot = (
@@ -404,6 +405,18 @@ class Database:
             self.reachable(busy=impatient),
             self._sqlite_writes.transaction(impatient=impatient) as conn,
         ):
+            yield conn
+
+    @contextmanager
+    def single(self) -> Iterator[Connection]:
+        """A write of one statement, atomic by itself. On PostgreSQL it goes without BEGIN
+        and COMMIT, one round trip where a transaction takes three (a turn's claim); on
+        SQLite it is a `transaction()`, whose BEGIN and COMMIT cost no round trip."""
+        if self._sqlite_writes is not None:
+            with self.transaction() as conn:
+                yield conn
+            return
+        with self.reachable(), self._autocommit.connect() as conn:
             yield conn
 
     @contextmanager

@@ -98,8 +98,10 @@ def claim_turn(
     """
     now = utcnow()
     until = None if worker is not None else now + lease
-    with db.transaction() as conn:
-        # The common case in one statement: a queued run at this version.
+    # The common case in one statement: a queued run at this version. With the transcript
+    # kept, that statement is the whole claim, sent alone (`Database.single`); without, the
+    # transcript is read in the claim's transaction, so that a failed read undoes the claim.
+    with db.single() if kept is not None else db.transaction() as conn:
         took = conn.execute(
             sql.CLAIM,
             {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import event
+
 from relayq import Agent
 from relayq.relay import RelayResult, relay_answer
 from store import Database, accept_answer, apply_answer_of, get_run, transcript
@@ -104,3 +106,36 @@ def test_kept_transcripts_are_taken_once_at_their_version_and_the_oldest_dropped
     assert len(kept) == 2
     assert kept.take("a", 1) is None
     assert kept.take("c", 1) == []
+
+
+async def test_a_claim_with_the_transcript_kept_is_one_statement_outside_a_transaction(
+    db: Database,
+):
+    # On PostgreSQL the claim's UPDATE goes alone, committed by itself: one round trip, no
+    # BEGIN or COMMIT (SQLite's cost none: there it stays a transaction, its lock taken).
+    start(db)
+    agent = await _agent(db, calls(("c1", "work")), text("done"))
+    rt = runtime(db, agent)
+    await drive_turn(rt, None, "run_1", get_run(db, "run_1").version)
+    claims: list[tuple[str, bool]] = []
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE RELAYQ_RUNS"):
+            driver = conn.connection.dbapi_connection
+            alone = driver.autocommit if not db.is_sqlite else driver.in_transaction
+            claims.append((statement.split("RETURNING")[0], alone))
+
+    for engine in db.engines:
+        event.listen(engine, "before_cursor_execute", note)
+    try:
+        await drive_turn(rt, None, "run_1", get_run(db, "run_1").version)
+    finally:
+        for engine in db.engines:
+            event.remove(engine, "before_cursor_execute", note)
+    assert get_run(db, "run_1").status == "done"
+    (claim, alone), *rest = claims
+    assert "status=" in claim.replace(" ", ""), claims
+    assert alone, claims
+    # The turn's finish is a transaction of several statements, as before
+    assert rest, claims
+    assert db.is_sqlite or not any(alone for _, alone in rest), claims
