@@ -75,6 +75,7 @@ __all__ = [
     "CONF_PREFIX",
     "ENV_PREFIX",
     "MAX_COUNTDOWN",
+    "PRIORITY_STEPS",
     "QUEUES",
     "WORKER_BATCHES",
     "Option",
@@ -94,6 +95,12 @@ MAX_COUNTDOWN = MAX_DELAY
 # Separate queues: answers and maintenance never wait behind a backlog of
 # turns, and each can get its own workers.
 QUEUES = (TURN_QUEUE, ANSWER_QUEUE, MAINTENANCE_QUEUE)
+
+PRIORITY_STEPS = (0, 6, 9)
+"""The priorities messages go at (`tasks.broker.publish`): 0 for all but a batch's turns,
+6 and 9 for those. Kombu's Redis transport keeps a list per step and queue, and a
+consumer's every BRPOP names them all: kombu's default steps (0, 3, 6, 9) add a list no
+message is ever sent to, a quarter of the keys a worker names per message."""
 
 assert DEFAULT_QUEUE == TURN_QUEUE, "an agent's default queue is the store's turn queue"
 
@@ -374,6 +381,7 @@ class Settings:
             "broker_url": self.broker_url,
             "broker_connection_retry_on_startup": True,
             "broker_transport_options": {
+                "priority_steps": list(PRIORITY_STEPS),
                 "visibility_timeout": self.recovery.visibility_timeout.total_seconds(),
                 "global_keyprefix": self.key_prefix,
                 # Bounded waits: a broker gone silent is found, never waited on for good.

@@ -16,14 +16,12 @@ from collections.abc import Iterable
 import redis
 
 from tasks.broker.redis_clients import RedisBounds
-from tasks.settings import Settings
+from tasks.settings import PRIORITY_STEPS, Settings
 
-__all__ = ["PRIORITY_STEPS", "QueuePeek", "priority_lists"]
+__all__ = ["QueuePeek", "priority_lists"]
 
 log = logging.getLogger(__name__)
 
-PRIORITY_STEPS = (0, 3, 6, 9)
-"""Kombu Redis's priority levels; a message's priority is rounded down to one of them."""
 _SEPARATOR = "\x06\x16"
 
 

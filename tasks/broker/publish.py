@@ -42,8 +42,8 @@ PIPELINED = 500
 """Broker commands sent in one round trip when many rows go at once."""
 
 BATCH_PRIORITY = 9
-"""A batch's runs not started yet: Kombu Redis's lowest priority (its steps are 0, 3, 6,
-9; 0 is fetched first)."""
+"""A batch's runs not started yet: the lowest of the priority steps relayq gives kombu's
+Redis transport (`tasks.settings.PRIORITY_STEPS`; 0 is fetched first)."""
 BATCH_STARTED_PRIORITY = 6
 """The later turns of a batch's runs already started."""
 

@@ -82,7 +82,7 @@ class BrokerView:
         self.prefix = settings.key_prefix
         options = settings.broker_options()["broker_transport_options"]
         # Kombu keeps a queue's messages of priority p in "<queue>\x06\x16<p>" (p > 0).
-        self.priorities = tuple(options.get("priority_steps", (0, 3, 6, 9)))
+        self.priorities = tuple(options["priority_steps"])
         self.separator = options.get("sep", "\x06\x16")
         url = settings.broker_url
         if url.startswith("redis+socket://"):

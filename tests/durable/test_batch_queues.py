@@ -30,6 +30,7 @@ from tasks import DurableClient, Settings
 from tasks.broker.peek import priority_lists
 from tasks.broker.publish import BATCH_PRIORITY
 from tasks.observability.gauges import BrokerView, StoreGauges
+from tasks.settings import PRIORITY_STEPS
 from tests.brokers import PrivateRedis
 from tests.conftest import Parts
 from tests.durable.batch_agents import STEPS
@@ -173,7 +174,7 @@ async def test_a_batch_started_with_no_worker_waits_at_low_priority_until_one_st
     prefix = place.env["RELAYQ_KEY_PREFIX"]
     lengths = [conn.llen(prefix + key) for key in priority_lists(queue)]
     conn.close()
-    assert lengths == [0, 0, 0, 4]
+    assert dict(zip(PRIORITY_STEPS, lengths, strict=True)) == {0: 0, 6: 0, 9: 4}
     assert await finished(client, started_batch.batch_id) == 0
     # ... and the metrics show its backlog as a queue of its own
     assert depths(place)[queue] == 4

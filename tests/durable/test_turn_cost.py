@@ -102,6 +102,8 @@ class Costs:
     """Each Redis command's shape (its name and key, ids taken out), and how many."""
     message_bytes: list[int]
     """Each turn message's body, as the broker was handed it."""
+    brpop_keys: list[int]
+    """The lists each of the consumer's BRPOPs named."""
 
 
 class Monitor:
@@ -225,6 +227,8 @@ def costs(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Costs:
         store=Counter(calls),
         redis=Counter(command_shape(c, prefix) for c in turn_bound),
         message_bytes=[len(c.split(" ", 2)[2]) for c in turn_bound if c.startswith("LPUSH ")],
+        # BRPOP key ... key timeout
+        brpop_keys=[len(c.split()) - 2 for c in commands if c.startswith("BRPOP ")],
     )
 
 
@@ -255,6 +259,13 @@ def test_a_turn_costs_one_message_sent_consumed_and_acknowledged_and_its_limits(
 def test_a_turn_message_carries_no_transcript(costs: Costs):
     assert len(costs.message_bytes) == 3
     assert max(costs.message_bytes) <= MESSAGE_CEILING, costs.message_bytes
+
+
+def test_each_brpop_names_only_the_lists_messages_are_sent_to(costs: Costs):
+    # The worker's three queues, each at the three priorities messages go at (0; a batch's
+    # 6 and 9), not at kombu's four steps: every list named costs each message's BRPOP.
+    assert costs.brpop_keys, "the consumer took its messages with BRPOP"
+    assert set(costs.brpop_keys) == {3 * 3}, costs.brpop_keys
 
 
 def test_a_heartbeat_costs_one_transaction_of_one_statement(database_url: str):
