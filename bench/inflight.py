@@ -243,7 +243,6 @@ async def idle_batches(client: DurableClient, count: int, logs: list[Path]) -> N
         await asyncio.sleep(0.2)
 
 
-
 def mode_folders(modes: str, prefix: str) -> list[tuple[str, Path]]:
     """Each of the comma-separated `modes` (`on,off`) with a fresh folder of its own, to
     measure them side by side in one go."""

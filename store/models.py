@@ -113,8 +113,9 @@ class RunRow(SQLModel, table=True):
     """The task id holding the current claim; a redelivery of that task may take it over."""
     worker: str | None = None
     """The worker process holding the claim: the claim lasts while its heartbeat does."""
-    lease_until: datetime | None = _time(index=True)
-    """For a claim no worker heartbeat stands behind: when it lapses."""
+    lease_until: datetime | None = _time()
+    """For a claim no worker heartbeat stands behind: when it lapses. Not indexed: no query
+    looks runs up by it (migration 0012)."""
     turns: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0

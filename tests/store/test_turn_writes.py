@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -21,8 +22,10 @@ from store import (
     cancel_run,
     get_run,
     ledger_get,
+    migrate,
     transcript,
 )
+from store.db import SQLITE_PAGE_SIZE
 from tasks.turns import drive_turn
 from tests.relayq.scripted import calls, text
 
@@ -237,3 +240,29 @@ async def test_an_outbox_id_names_one_message_ever_though_spent_rows_are_deleted
     [row] = outbox_rows(db)
 
     assert (row.id or 0) > first
+
+
+async def test_a_turn_that_runs_one_tool_logs_at_most_24_kib_to_sqlites_write_ahead_log(
+    tmp_path: Path,
+):
+    # A new store's pages are 1 KiB, and no index is kept that no query reads: the log
+    # takes each changed page whole, so the page size and every index a turn moves count.
+    db = Database(f"sqlite:///{tmp_path / 'relayq.db'}")
+    try:
+        migrate(db)
+        with db.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA page_size").scalar() == SQLITE_PAGE_SIZE == 1024
+            indexes = conn.exec_driver_sql("PRAGMA index_list(relayq_runs)").all()
+            assert "ix_relayq_runs_lease_until" not in {row[1] for row in indexes}
+        kit = await local_kit()
+        start(db)
+        await run_turn(db, "run_1", kit, model_of(calls(("c0", "work")), text("done")))
+        wal = tmp_path / "relayq.db-wal"
+        before = wal.stat().st_size
+        # The run's second turn: claim, reply, end (the worker's transcript not kept here)
+        turn = await run_turn(db, "run_1", kit, model_of(calls(("c1", "work")), text("done")))
+        assert turn.status == "next"
+        written = wal.stat().st_size - before
+        assert 0 < written <= 24 * 1024, written
+    finally:
+        db.dispose()
