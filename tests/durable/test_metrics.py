@@ -29,6 +29,7 @@ from store.models import DecisionRow, utcnow
 from tasks import DurableClient, Settings
 from tasks.broker.publish import sender_app
 from tasks.observability.gauges import StoreGauges
+from tasks.settings import PRIORITY_STEPS
 from tests.durable.observed_agents import KEY_ENV, MODEL, metered_agent, metered_reply
 from tests.durable.queue_agents import VIP_QUEUE
 from tests.ports import free_port
@@ -182,11 +183,11 @@ def quiet(durable: Durable) -> Settings:
 
 
 async def test_queue_depth_counts_every_priority_and_the_messages_workers_hold(quiet: Settings):
-    # Given messages waiting in relayq's queues on a broker no worker reads, at three
-    # priorities (kombu keeps each in a list of its own), and two that workers hold
+    # Given messages waiting in relayq's queues on a broker no worker reads, at each of
+    # the three priorities (kombu keeps each in a list of its own), and two workers hold
     sender = sender_app(quiet)
     try:
-        for priority in (0, 5, 9):
+        for priority in PRIORITY_STEPS:
             sender.send_task("relayq.nothing", queue="relayq.turns", priority=priority)
         sender.send_task("relayq.nothing", queue="relayq.answers")
     finally:
