@@ -25,6 +25,7 @@ class Toolkit:
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ToolkitError(f"two tools share the name {', '.join(dup)}", dup[0])
         self.base_dir = base_dir
+        self._digest: str | None = None
 
     @property
     def tools(self) -> list[Tool]:
@@ -60,9 +61,12 @@ class Toolkit:
         A stored run keeps it, so a worker can tell that the tools it would
         resume with are not the ones the run was started with.
         """
-        spec = [(t.name, t.is_relay, t.schema) for t in sorted(self.tools, key=lambda t: t.name)]
-        blob = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        if self._digest is None:  # once: every turn asks
+            tools = sorted(self.tools, key=lambda t: t.name)
+            spec = [(t.name, t.is_relay, t.schema) for t in tools]
+            blob = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
+            self._digest = hashlib.sha256(blob).hexdigest()[:16]
+        return self._digest
 
     def __repr__(self) -> str:
         return f"Toolkit({', '.join(self._tools)})"
