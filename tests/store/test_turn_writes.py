@@ -252,6 +252,8 @@ async def test_a_turn_that_runs_one_tool_logs_at_most_24_kib_to_sqlites_write_ah
         migrate(db)
         with db.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA page_size").scalar() == SQLITE_PAGE_SIZE == 1024
+            # ... and the log is checkpointed each 4 MiB, as with SQLite's default pages
+            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 4096
             indexes = conn.exec_driver_sql("PRAGMA index_list(relayq_runs)").all()
             assert "ix_relayq_runs_lease_until" not in {row[1] for row in indexes}
         kit = await local_kit()
