@@ -21,9 +21,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import and_, func, or_
+from sqlmodel import col, select
 
-from store import Database, StoreUnavailable, get_run
+from store import Database, RunRow, StoreUnavailable, get_run
 from store.statements import LEDGER
 from tasks import DurableClient, Settings
 from tests.postgres_server import PrivatePostgres
@@ -68,7 +69,14 @@ def tool_attempts(log: Path) -> dict[tuple[str, str], list[int]]:
 
 
 def in_flight(db: Database, run_ids: list[str]) -> int:
-    return sum(get_run(db, r).status == "running" for r in run_ids)
+    """Runs begun and not finished: in a turn, or queued for their next one. In one query,
+    so that a poll sees one moment: runs of 0.2 s turns spend a good part of their time
+    between turns, and a slow machine sends fewer turns at once."""
+    status, turns = col(RunRow.status), col(RunRow.turns)
+    begun = or_(status == "running", and_(status == "queued", turns >= 1))
+    query = select(func.count()).select_from(RunRow).where(col(RunRow.id).in_(run_ids), begun)
+    with db.read() as s:
+        return int(s.exec(query).one())
 
 
 async def all_finished(db: Database, run_ids: list[str]) -> bool:
