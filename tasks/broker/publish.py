@@ -24,7 +24,7 @@ from kombu import Producer
 from store import Database, OutboxRow
 from store.batch_queues import is_batch_queue
 from store.outbox import is_first_turn, mark_published, task_id_of
-from tasks.settings import Settings, queue_named
+from tasks.settings import PRIORITY_STEPS, Settings, queue_named
 
 __all__ = [
     "BATCH_PRIORITY",
@@ -46,6 +46,7 @@ BATCH_PRIORITY = 9
 Redis transport (`tasks.settings.PRIORITY_STEPS`; 0 is fetched first)."""
 BATCH_STARTED_PRIORITY = 6
 """The later turns of a batch's runs already started."""
+assert {0, BATCH_STARTED_PRIORITY, BATCH_PRIORITY} == set(PRIORITY_STEPS), "a list per priority"
 
 
 def priority_of(row: OutboxRow) -> int | None:

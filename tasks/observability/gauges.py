@@ -48,7 +48,8 @@ from store.gauges import OpenRequests, decided_since, ping, store_counts
 from store.models import utcnow
 from store.transitions import STATUSES
 from tasks.broker.circuit import CircuitView, read_circuits
-from tasks.settings import Settings
+from tasks.broker.peek import priority_lists
+from tasks.settings import PRIORITY_STEPS, Settings
 
 __all__ = ["AGE_BUCKETS", "DECISION_BUCKETS", "BrokerView", "StoreGauges", "store_answers"]
 
@@ -80,10 +81,6 @@ class BrokerView:
 
     def __init__(self, settings: Settings, *, timeout: float = 2.0) -> None:
         self.prefix = settings.key_prefix
-        options = settings.broker_options()["broker_transport_options"]
-        # Kombu keeps a queue's messages of priority p in "<queue>\x06\x16<p>" (p > 0).
-        self.priorities = tuple(options["priority_steps"])
-        self.separator = options.get("sep", "\x06\x16")
         url = settings.broker_url
         if url.startswith("redis+socket://"):
             url = "unix://" + url.removeprefix("redis+socket://")
@@ -103,16 +100,13 @@ class BrokerView:
         acknowledged; None when the broker is not Redis."""
         if self.client is None:
             return None
-        keys = [
-            [self.prefix + (q if not p else f"{q}{self.separator}{p}") for p in self.priorities]
-            for q in queues
-        ]
+        keys = [[self.prefix + key for key in priority_lists(q)] for q in queues]
         with self.client.pipeline(transaction=False) as pipe:
             for key in (k for per_queue in keys for k in per_queue):
                 pipe.llen(key)
             pipe.hlen(self.prefix + "unacked")
             counts = pipe.execute()
-        per = len(self.priorities)
+        per = len(PRIORITY_STEPS)
         depths = {q: sum(counts[n * per : (n + 1) * per]) for n, q in enumerate(queues)}
         return depths, int(counts[-1])
 
