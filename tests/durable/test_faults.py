@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlmodel import col, select
 
 from relayq import ResumeError, RunResult
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
@@ -58,12 +59,18 @@ def caught(db: Database, run_ids: list[str], *, worker_pid: int | None = None) -
         if worker_pid
         else {r.run_id for r in list_requests(db, status="answered", limit=1000)}
     )
-    for run_id in run_ids:
-        run = get_run(db, run_id)
+    for run in runs_now(db, run_ids):
         mid_turn = run.status == "running" and (worker_pid is None or claimed_by(run, worker_pid))
-        if mid_turn or (run.status == "pending" and run_id in unapplied):
-            held[run_id] = run.version
+        if mid_turn or (run.status == "pending" and run.id in unapplied):
+            held[run.id] = run.version
     return held
+
+
+def runs_now(db: Database, run_ids: list[str]) -> list[RunRow]:
+    """The runs as one read sees them: a poll of one query a run took longer than a 0.2 s
+    turn on a loaded machine, and could see no run mid-turn though some always were."""
+    with db.read() as s:
+        return list(s.exec(select(RunRow).where(col(RunRow.id).in_(run_ids))))
 
 
 def claimed_by(run: RunRow, pid: int) -> bool:
@@ -91,7 +98,7 @@ async def until_caught(
         held = caught(db, run_ids, worker_pid=worker_pid)
         if held:
             return held
-        if all(get_run(db, r).status == "done" for r in run_ids):
+        if all(run.status == "done" for run in runs_now(db, run_ids)):
             return {}
         await asyncio.sleep(0.05)
     return {}
