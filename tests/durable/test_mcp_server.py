@@ -91,7 +91,8 @@ async def test_a_task_asks_for_each_relay_call_and_completes_when_one_update_ans
 ):
     async with connected(served.urls[0], SUBMITTER, tasks=True) as client:
         created = await start_task(client, "run_seed-three", "all at once")
-        assert created.status == "working"
+        # The worker may have asked already by the time the task is reported: either is true
+        assert created.status in ("working", "input_required")
         asked = await until_status(client, created.task_id, "input_required")
         requests = asked.input_requests or {}
         assert set(requests) == {"c1", "c2", "c3"}
