@@ -1,4 +1,4 @@
-"""What psycopg's pipeline mode would save a turn's end on PostgreSQL, measured apart.
+"""What psycopg's pipeline mode, and the pool's ping, cost a turn's end on PostgreSQL.
 
     python -m bench.pipeline                 # 3,000 ends of a turn, each way
     python -m bench.pipeline --ends 500
@@ -6,10 +6,12 @@
 A turn's end is one transaction: the claim check and the run's new state (an UPDATE
 with RETURNING), the turn's message, the next turn's outbox row (an INSERT with
 RETURNING). The same statements on relayq's own tables, on the machine's PostgreSQL (a
-database made for the run and dropped after), three ways, interleaved in rounds:
+database made for the run and dropped after), four ways, interleaved in rounds:
 
     sqlalchemy   as the store sends them today: SQLAlchemy on psycopg, each statement
                  its round trip, BEGIN and COMMIT theirs (5)
+    pinged       the same, with the pool's ping at every checkout, as before issue 26's
+                 lever (`store.stalls.PING_AFTER_IDLE`: now only after half a second idle) (6)
     psycopg      the same statements as plain psycopg calls (5 round trips)
     pipelined    psycopg's pipeline: BEGIN and the three statements sent at once, their
                  answers read after one sync, then COMMIT (2 round trips; the claim
@@ -97,6 +99,16 @@ def by_sqlalchemy(db: Database, ends: Ends) -> None:
         conn.execute(outbox, values).scalar_one()
 
 
+def pinged(db: Database, ends: Ends) -> None:
+    stalls = db.stalls
+    assert stalls is not None
+    window, stalls.ping_after_idle = stalls.ping_after_idle, 0.0
+    try:
+        by_sqlalchemy(db, ends)
+    finally:
+        stalls.ping_after_idle = window
+
+
 def by_psycopg(conn: psycopg.Connection[Any], ends: Ends) -> None:
     values = ends.next()
     with conn.transaction():
@@ -150,6 +162,7 @@ def measure(db: Database, ends: int, rounds: int = 5) -> dict[str, list[tuple[fl
     try:
         ways: dict[str, Callable[[], None]] = {
             "sqlalchemy": lambda: by_sqlalchemy(db, run),
+            "pinged": lambda: pinged(db, run),
             "psycopg": lambda: by_psycopg(raw, run),
             "pipelined": lambda: pipelined(raw, run),
         }
@@ -194,7 +207,7 @@ def print_table(figures: dict[str, list[tuple[float, float]]], ends: int) -> Non
     print(f"\na turn's end on PostgreSQL, {ends} each way, medians of the rounds\n")
     print("| way | round trips | client CPU µs/end | vs sqlalchemy | wall µs/end | vs sqlalchemy |")
     print("|---|---:|---:|---:|---:|---:|")
-    trips = {"sqlalchemy": 5, "psycopg": 5, "pipelined": 2}
+    trips = {"sqlalchemy": 5, "pinged": 6, "psycopg": 5, "pipelined": 2}
     for way, rows in figures.items():
         cpu, wall = median([c for c, _ in rows]), median([w for _, w in rows])
         print(f"| {way} | {trips[way]} | {cpu:.0f} | {cpu / base_cpu:.2f}x | {wall:.0f} "

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from bench.hanging_proxy import HangingProxy
 from store import Database, StoreUnavailable, WorkerRow
 from store.db import Bounds
-from store.stalls import StallWatch
+from store.stalls import PING_AFTER_IDLE, StallWatch
 from tasks.heartbeat import Heartbeat
 from tasks.observability.metrics import observe_store_calls
 from tests.waiting import until
@@ -135,8 +135,9 @@ def test_the_oldest_store_calls_wait_is_a_metric(proxied: Proxied):
 
 
 def test_a_pooled_connection_gone_silent_while_idle_is_found_at_checkout(proxied: Proxied):
-    # Given a connection back in the pool after a call
+    # Given a connection back in the pool after a call, idle past the ping's window
     assert _select(proxied.db) == 1
+    time.sleep(PING_AFTER_IDLE + 0.1)
 
     # When it goes silent while idle, and new connections are answered again
     proxied.proxy.black_hole()
@@ -146,6 +147,33 @@ def test_a_pooled_connection_gone_silent_while_idle_is_found_at_checkout(proxied
     # was cut, and the pool connected again
     thread, ended = _in_thread(lambda: _select(proxied.db, "SELECT 2"))
     assert _ended(thread, ended) == 2
+
+
+def test_a_connection_that_answered_a_moment_ago_is_not_pinged_at_checkout(
+    pg: Database, monkeypatch: pytest.MonkeyPatch
+):
+    # Given the store's pings counted, and a connection that answered just now
+    dialect = pg.engine.dialect
+    pings: list[object] = []
+
+    def ping(dbapi_conn: Any) -> bool:
+        pings.append(dbapi_conn)
+        return type(dialect).do_ping(dialect, dbapi_conn)
+
+    monkeypatch.setattr(dialect, "do_ping", ping)
+    assert _select(pg) == 1
+
+    # When calls follow one another within the window, each on that connection
+    for n in range(5):
+        assert _select(pg, f"SELECT {n}") == n
+
+    # Then none of their checkouts pinged it: the ping would be a round trip more each
+    assert pings == []
+
+    # And one after the connection idled past the window pings it once
+    time.sleep(PING_AFTER_IDLE + 0.1)
+    assert _select(pg, "SELECT 9") == 9
+    assert len(pings) == 1
 
 
 def test_a_statement_that_runs_long_is_cancelled_by_the_server_not_cut(
