@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from pathlib import Path
 from sqlalchemy import func
 from sqlmodel import col, select
 
+from bench.homes import bench_home
 from bench.inflight import bench_env, bench_store, drop_postgres, free_port, start_worker
 from bench.inflight import wait_ready as worker_ready
 from store import FINISHED, OutboxRow, RunRow, batch_results, batch_status
@@ -296,13 +296,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    base = Path(tempfile.mkdtemp(prefix="rq-bench-batch-"))
-    figures = [
-        f
-        for store in args.stores.split(",")
-        for layout in args.layouts.split(",")
-        if (f := one(args, base, store, layout))
-    ]
+    with bench_home("rq-bench-batch-") as base:
+        figures = [
+            f
+            for store in args.stores.split(",")
+            for layout in args.layouts.split(",")
+            if (f := one(args, base, store, layout))
+        ]
     print_table(figures, args.latency)
 
 

@@ -26,12 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +38,7 @@ from pathlib import Path
 from sqlalchemy import func
 from sqlmodel import col, select
 
+from bench.homes import bench_home
 from bench.inflight import bench_env, bench_store, drop_postgres, free_port, start_worker
 from store import FINISHED, Database, RunRow
 from store.models import LeaseRow, RequestRow, utcnow
@@ -296,9 +295,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    base = Path(tempfile.mkdtemp(prefix="rq-bench-hosts-"))
     phases: list[Phase] = []
-    try:
+    with bench_home("rq-bench-hosts-") as base:
         for store in args.stores.split(","):
             made = bench_store(base, store, "hosts")
             if made is None:
@@ -309,8 +307,6 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 if store != "sqlite":
                     drop_postgres(name)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
     print_tables(phases, args.hosts, args.concurrency)
 
 

@@ -28,7 +28,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func
 from sqlmodel import col, select
 
+from bench.homes import bench_home
 from store import RunRow
 from tasks import DurableClient, Settings
 
@@ -243,17 +243,6 @@ async def idle_batches(client: DurableClient, count: int, logs: list[Path]) -> N
         await asyncio.sleep(0.2)
 
 
-def mode_folders(modes: str, prefix: str) -> list[tuple[str, Path]]:
-    """Each of the comma-separated `modes` (`on,off`) with a fresh folder of its own, to
-    measure them side by side in one go."""
-    home = Path(tempfile.mkdtemp(prefix=prefix))
-    found = []
-    for mode in modes.split(","):
-        (home / mode).mkdir()
-        found.append((mode, home / mode))
-    return found
-
-
 def wait_ready(log: Path, worker: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while b"ready." not in log.read_bytes():
@@ -340,7 +329,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    home = Path(tempfile.mkdtemp(prefix="rq-bench-"))
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "bench.model_server", "--port", str(port),
@@ -350,11 +338,12 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     try:
         time.sleep(1.5)
-        for store in args.stores.split(","):
-            for pool in args.pools.split(","):
-                for queues in (int(n) for n in args.batch_queues.split(",")):
-                    slug = f"{pool.replace('*', 'x')}-{queues}"
-                    results += one(args, home / f"{store}-{slug}", store, pool, port, queues)
+        with bench_home("rq-bench-") as home:
+            for store in args.stores.split(","):
+                for pool in args.pools.split(","):
+                    for queues in (int(n) for n in args.batch_queues.split(",")):
+                        slug = f"{pool.replace('*', 'x')}-{queues}"
+                        results += one(args, home / f"{store}-{slug}", store, pool, port, queues)
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -24,13 +24,13 @@ import asyncio
 import os
 import signal
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.homes import bench_home
 from bench.inflight import bench_env, bench_store, drop_postgres, free_port, start_worker
 from bench.inflight import wait_ready as worker_ready
 from bench.turns import start_server
@@ -181,13 +181,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    base = Path(tempfile.mkdtemp(prefix="rq-bench-latency-"))
     seq: list[Sequential] = []
     at_once: list[Many] = []
-    for store in args.stores.split(","):
-        s, m = one(args, base, store)
-        seq += s
-        at_once += m
+    with bench_home("rq-bench-latency-") as base:
+        for store in args.stores.split(","):
+            s, m = one(args, base, store)
+            seq += s
+            at_once += m
     print_tables(seq, at_once)
 
 

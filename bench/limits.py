@@ -24,15 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.agents import STEP, bench_model
-from bench.inflight import (
-    free_port,
-    mode_folders,
-    redis_url,
-    start_worker,
-    stop_workers,
-    wait_all,
-    wait_ready,
-)
+from bench.homes import bench_home, mode_folders
+from bench.inflight import free_port, redis_url, start_worker, stop_workers, wait_all, wait_ready
 from bench.model_server import ServerProcess
 from relayq import Agent
 from tasks import DurableClient, Settings
@@ -152,10 +145,11 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    results = [
-        asyncio.run(measure(args, folder, limiter=mode == "on"))
-        for mode, folder in mode_folders(args.modes, "rq-bench-limits-")
-    ]
+    with bench_home("rq-bench-limits-") as home:
+        results = [
+            asyncio.run(measure(args, folder, limiter=mode == "on"))
+            for mode, folder in mode_folders(args.modes, home)
+        ]
     print_table(results, args)
 
 

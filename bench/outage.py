@@ -35,9 +35,9 @@ from pathlib import Path
 from sqlmodel import col, select
 
 from bench.hang import measure_hang, print_hang_table
+from bench.homes import bench_home, mode_folders
 from bench.inflight import (
     free_port,
-    mode_folders,
     model_env,
     redis_url,
     start_worker,
@@ -182,14 +182,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.hang:
-        folders = mode_folders("defaults,tighter", "rq-bench-hang-")
-        hung = [asyncio.run(measure_hang(args, folder, mode)) for mode, folder in folders]
+        with bench_home("rq-bench-hang-") as home:
+            folders = mode_folders("defaults,tighter", home)
+            hung = [asyncio.run(measure_hang(args, folder, mode)) for mode, folder in folders]
         print_hang_table(hung, args)
         return
-    results = [
-        asyncio.run(measure(args, folder, circuit=mode == "on"))
-        for mode, folder in mode_folders(args.modes, "rq-bench-outage-")
-    ]
+    with bench_home("rq-bench-outage-") as home:
+        results = [
+            asyncio.run(measure(args, folder, circuit=mode == "on"))
+            for mode, folder in mode_folders(args.modes, home)
+        ]
     print_table(results, args)
 
 

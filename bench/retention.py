@@ -22,7 +22,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,6 +32,7 @@ from sqlalchemy import event, func, insert, text
 from sqlmodel import SQLModel, col, select
 
 from bench.batch import interactive
+from bench.homes import bench_home
 from bench.inflight import bench_env, bench_store, drop_postgres, free_port
 from bench.latency import serving
 from store import Database, migrate
@@ -337,14 +337,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.purge:
         print(json.dumps(vars(purge(args.purge))))
         return
-    base = Path(tempfile.mkdtemp(prefix="rq-bench-retention-"))
     figures: list[Figures] = []
-    for store in args.stores.split(","):
-        made = one(args, base, store)
-        if made is not None:
-            figures.append(made)
-            print_table([made])  # each store's figures as soon as they are in
-            sys.stdout.flush()
+    with bench_home("rq-bench-retention-") as base:
+        for store in args.stores.split(","):
+            made = one(args, base, store)
+            if made is not None:
+                figures.append(made)
+                print_table([made])  # each store's figures as soon as they are in
+                sys.stdout.flush()
     if len(figures) > 1:
         print_table(figures)
 

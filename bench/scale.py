@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 import psycopg
 import redis
 
+from bench.homes import bench_home
 from bench.inflight import measure
 from tests.ports import free_port
 from tests.postgres_server import PrivatePostgres
@@ -141,26 +141,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    home = Path(tempfile.mkdtemp(prefix="rq-scale-"))
     model_port = free_port()
     model = subprocess.Popen(
         [sys.executable, "-m", "bench.model_server", "--port", str(model_port),
          "--latency", str(args.latency), "--turns", str(args.turns)],
         cwd=ROOT,
     )  # fmt: skip
-    pg = PrivatePostgres(
-        options="-c shared_preload_libraries=pg_stat_statements -c fsync=on "
+    options = (
+        "-c shared_preload_libraries=pg_stat_statements -c fsync=on "
         "-c full_page_writes=on -c max_connections=300"
-    ).start()
-    broker = PrivateRedis()
+    )
     try:
-        time.sleep(1.0)
-        per_turn(args, home, pg, broker, model_port)
-        flattening(args, home, pg, broker, model_port)
-        calibrate(pg, broker, args.calibrate)
+        with PrivatePostgres(options=options) as pg:
+            broker = PrivateRedis()
+            try:
+                time.sleep(1.0)
+                with bench_home("rq-scale-") as home:
+                    per_turn(args, home, pg, broker, model_port)
+                    flattening(args, home, pg, broker, model_port)
+                calibrate(pg, broker, args.calibrate)
+            finally:
+                broker.stop()
     finally:
-        broker.stop()
-        pg.remove()
         model.terminate()
         model.wait(timeout=10)
 

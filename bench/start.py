@@ -30,7 +30,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from pathlib import Path
 from sqlalchemy import event, func
 from sqlmodel import col, select
 
+from bench.homes import bench_home
 from bench.inflight import bench_env, bench_store, drop_postgres, free_port, start_worker
 from bench.inflight import wait_ready as worker_ready
 from store import Database, LedgerRow, RunRow, RunSpec, StoreUnavailable, runs, start_batch
@@ -264,13 +264,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     # A lever to measure: the pause every chunked start makes on SQLite, in this process.
     runs.CHUNK_PAUSE = args.pause
-    base = Path(tempfile.mkdtemp(prefix="rq-bench-start-"))
-    figures = [
-        f
-        for store in args.stores.split(",")
-        for mode in args.modes.split(",")
-        if (f := one(args, base, store, mode))
-    ]
+    with bench_home("rq-bench-start-") as base:
+        figures = [
+            f
+            for store in args.stores.split(",")
+            for mode in args.modes.split(",")
+            if (f := one(args, base, store, mode))
+        ]
     print_table(figures, args)
 
 

@@ -23,13 +23,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import text
 
+from bench.homes import bench_home
 from bench.inflight import (
     bench_env,
     bench_store,
@@ -200,10 +200,10 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    base = Path(tempfile.mkdtemp(prefix="rq-bench-turns-"))
     results = []
-    for store in args.stores.split(","):
-        results += one(args, base, store)
+    with bench_home("rq-bench-turns-") as base:
+        for store in args.stores.split(","):
+            results += one(args, base, store)
     print_table(results, args.in_flight)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -175,6 +177,20 @@ def lane_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("RELAYQ_HOME", None)
     else:
         os.environ["RELAYQ_HOME"] = before
+
+
+@pytest.fixture
+def leaves_no_folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This process's temporary folders, while the test runs, made in a folder of its own,
+    and none left there when it ends (a benchmark removes its stores and logs)."""
+    folder = Path(tempfile.mkdtemp(prefix="relayq-test-tmp-"))
+    folder.chmod(0o755)  # open to the `postgres` user, for a PostgreSQL of a test's own
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    try:
+        yield folder
+        assert sorted(p.name for p in folder.iterdir()) == [], "temporary folders left behind"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

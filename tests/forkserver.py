@@ -32,6 +32,7 @@ import json
 import os
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -212,12 +213,17 @@ def _is_script_of_this_python(program: str) -> bool:
 # --- the test side --------------------------------------------------------------------------
 
 
+_SOCKETS = tempfile.gettempdir()
+"""Where the servers' sockets go: the temp folder the process started with, whatever a
+test points `tempfile` at later (a socket's path must stay under 108 bytes)."""
+
+
 class _Server:
     """This lane's fork server: a process of its own, gone when the lane goes."""
 
     def __init__(self) -> None:
-        folder = tempfile.mkdtemp(prefix="relayq-forkserver-")
-        self.address = os.path.join(folder, "server.sock")
+        self.folder = tempfile.mkdtemp(prefix="relayq-forkserver-", dir=_SOCKETS)
+        self.address = os.path.join(self.folder, "server.sock")
         self.startup = {k: os.environ.get(k) for k in STARTUP_VARIABLES}
         ready_r, ready_w = os.pipe()
         self.proc = subprocess.Popen(
@@ -244,6 +250,7 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _lock = threading.Lock()

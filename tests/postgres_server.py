@@ -114,7 +114,11 @@ class PrivatePostgres:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> PrivatePostgres:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.remove()  # its folder, and a server that started but did not answer
+            raise
 
     def __exit__(
         self,

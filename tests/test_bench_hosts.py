@@ -12,7 +12,7 @@ import pytest
 
 from bench import hosts
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("leaves_no_folder")]
 START_EARLY = True  # tests/conftest.py: its test takes long, so a lane takes it first
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from bench import inflight
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("leaves_no_folder")]
 
 
 def test_runs_are_measured_beside_idle_batch_queues_with_every_run_done(

@@ -6,7 +6,11 @@ that each way ran its runs to the end and the table compares them.
 
 from __future__ import annotations
 
+import pytest
+
 from bench import latency
+
+pytestmark = pytest.mark.usefixtures("leaves_no_folder")
 
 START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 

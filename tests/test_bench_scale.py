@@ -15,7 +15,11 @@ from bench import scale
 from tests.conftest import Parts
 from tests.postgres_server import postgres_binaries
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.postgres]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.postgres,
+    pytest.mark.usefixtures("leaves_no_folder"),
+]
 START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from bench import start
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("leaves_no_folder")]
 START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
 

@@ -183,3 +183,17 @@ def test_the_server_preloads_nothing_that_reads_the_environment_at_import():
     assert {"celery", "sqlalchemy", "relayq", "store", "tasks"} <= loaded
     assert not [m for m in loaded if m.split(".")[0] in ("workers", "api", "cli")]
     assert not [m for m in loaded if m.split(".")[0] in forkserver.ENV_AT_IMPORT]
+
+
+def test_a_server_stopped_leaves_neither_its_process_nor_its_socket_folder():
+    # Given a fork server of the test's own
+    server = forkserver._Server()
+    try:
+        assert os.path.exists(server.address)
+    finally:
+        # When it is stopped
+        server.stop()
+
+    # Then its process has ended and its folder is gone
+    assert server.proc.poll() is not None
+    assert not os.path.exists(server.folder)

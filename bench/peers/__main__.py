@@ -22,11 +22,8 @@ tables give the median. A peer that is not installed gets a row saying so
 from __future__ import annotations
 
 import argparse
-import shutil
-import sys
-import tempfile
-from pathlib import Path
 
+from bench.homes import bench_home
 from bench.peers.run import SYSTEMS, Scenario, in_flight, per_turn, run_all
 from bench.peers.tables import print_tables
 
@@ -83,14 +80,9 @@ def scenarios(args: argparse.Namespace) -> list[Scenario]:
 
 def main() -> None:
     args = parse()
-    home = Path(tempfile.mkdtemp(prefix="rq-bench-peers-"))
-    try:
+    # LangGraph's checkpoints of long runs take gigabytes: removed as soon as they are read.
+    with bench_home("rq-bench-peers-") as home:
         results = run_all(scenarios(args), systems=args.systems, repeat=args.repeat, home=home)
-    except BaseException:
-        print(f"the stores and the workers' logs are kept in {home}", file=sys.stderr)
-        raise
-    # LangGraph's checkpoints of long runs take gigabytes.
-    shutil.rmtree(home)
     print_tables(results, repeat=args.repeat)
 
 

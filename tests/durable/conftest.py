@@ -482,8 +482,5 @@ def private_pg(machine_parts: Parts) -> Iterator[PrivatePostgres]:
     """A PostgreSQL of the test's own, which it may crash, restart or cut off."""
     if postgres_binaries() is None:
         machine_parts.missing("postgres", "no initdb and pg_ctl to make a PostgreSQL of its own")
-    pg = PrivatePostgres().start()
-    try:
+    with PrivatePostgres() as pg:
         yield pg
-    finally:
-        pg.remove()
