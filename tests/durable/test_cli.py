@@ -105,13 +105,23 @@ def store_snapshot(durable: Durable) -> tuple[list[Any], list[StoredRequest]]:
     earlier test's runs that the lane's worker is still taking would change it."""
     db = durable.db()
 
+    moving: list[Any] = []
+
     def still() -> tuple[list[Any]] | None:
         listed = list_runs(db, RunQuery(limit=1_000_000))
+        moving[:] = [r for r in listed if r.status in ("queued", "running")]
         # In a tuple: a store with no run at all is still too (`until` waits for a truthy)
-        return None if any(r.status in ("queued", "running") for r in listed) else (listed,)
+        return None if moving else (listed,)
+
+    def which() -> str:
+        """The runs still moving, for the test that left them to be found."""
+        return "\n".join(
+            f"{r.id} of {r.agent!r} {r.status} at version {r.version}, since {r.updated_at}"
+            for r in moving
+        )
 
     try:
-        (listed,) = until(still, what="every run to stop moving")
+        (listed,) = until(still, what="every run to stop moving", said=which)
         runs = [(r.id, r.status, r.version) for r in listed]
         return runs, list_requests(db, status=None, limit=1_000_000)
     finally:
