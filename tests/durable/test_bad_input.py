@@ -45,7 +45,13 @@ from .conftest import (
     start_api_process,
     unique_name,
 )
-from .test_cli import halt_on_lookup, one_error_line, store_snapshot, stored_request
+from .test_cli import (
+    halt_on_lookup,
+    module_began,  # noqa: F401  (autouse: its snapshots see its own runs)
+    one_error_line,
+    store_snapshot,
+    stored_request,
+)
 
 ONE_LANE = True  # tests/conftest.py: its worker and provider, once per database
 
@@ -80,7 +86,7 @@ async def halted(client: DurableClient, prompt: str) -> tuple[str, str]:
 
 
 def run_ids(durable: Durable) -> set[str]:
-    """Every stored run's id: a refused prompt adds none (other tests' runs may still move)."""
+    """Every run the module stored: a refused prompt adds none."""
     return {run_id for run_id, _, _ in store_snapshot(durable)[0]}
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,17 +99,32 @@ def settle(durable: Durable, run_id: str, status: str, timeout: float = 30.0) ->
         db.dispose()
 
 
-def store_snapshot(durable: Durable) -> tuple[list[Any], list[StoredRequest]]:
-    """Every run's id and status, and every request: what a refused command must not change.
+_module_began: datetime | None = None
 
-    Taken once no run is queued or running (within 30 s, else the test fails): an
+
+@pytest.fixture(scope="module", autouse=True)
+def module_began() -> datetime:
+    """When the module's tests began on this lane: its snapshots hold the runs made since
+    (`store_snapshot`), not an earlier module's, which may still be moving on the lane's
+    store (a module that imports this fixture gets the same)."""
+    global _module_began
+    _module_began = utcnow()
+    return _module_began
+
+
+def store_snapshot(durable: Durable) -> tuple[list[Any], list[StoredRequest]]:
+    """Every run the module made, its id, status and version, and their requests: what a
+    refused command must not change.
+
+    Taken once none of them is queued or running (within 30 s, else the test fails): an
     earlier test's runs that the lane's worker is still taking would change it."""
     db = durable.db()
+    since = _module_began or datetime.min.replace(tzinfo=UTC)
 
     moving: list[Any] = []
 
     def still() -> tuple[list[Any]] | None:
-        listed = list_runs(db, RunQuery(limit=1_000_000))
+        listed = [r for r in list_runs(db, RunQuery(limit=1_000_000)) if r.created_at >= since]
         moving[:] = [r for r in listed if r.status in ("queued", "running")]
         # In a tuple: a store with no run at all is still too (`until` waits for a truthy)
         return None if moving else (listed,)
@@ -123,7 +139,9 @@ def store_snapshot(durable: Durable) -> tuple[list[Any], list[StoredRequest]]:
     try:
         (listed,) = until(still, what="every run to stop moving", said=which)
         runs = [(r.id, r.status, r.version) for r in listed]
-        return runs, list_requests(db, status=None, limit=1_000_000)
+        ids = {r.id for r in listed}
+        requests = list_requests(db, status=None, limit=1_000_000)
+        return runs, [r for r in requests if r.run_id in ids]
     finally:
         db.dispose()
 
