@@ -119,7 +119,7 @@ def purge_finished(
     # Other workers sweep too: on PostgreSQL each takes runs no other holds.
     lock = not dry_run and not db.is_sqlite
     sqlite = db.is_sqlite
-    if not sqlite:
+    if not sqlite and not dry_run:  # a dry run writes nothing, and may be on a replica
         _fresh_statistics(db)
     pace = _Pace(db, writes=not dry_run)
     while limit is None or purged.runs < limit:
