@@ -119,7 +119,9 @@ def purge_finished(
     # Other workers sweep too: on PostgreSQL each takes runs no other holds.
     lock = not dry_run and not db.is_sqlite
     sqlite = db.is_sqlite
-    if not sqlite and not dry_run:  # a dry run writes nothing, and may be on a replica
+    # Not for a sweep's one chunk, every few seconds; nor a dry run, which writes nothing
+    # and may be on a replica.
+    if not sqlite and not dry_run and (limit is None or limit > chunk):
         _fresh_statistics(db)
     pace = _Pace(db, writes=not dry_run)
     while limit is None or purged.runs < limit:
@@ -259,7 +261,8 @@ def _fresh_statistics(db: Database) -> None:
     left, and sorted every one of them for each chunk: 62 ms a chunk against 0.2, 284 runs
     a second purged after `bench.retention` seeded 200,000. One ANALYZE of the runs first
     (a sample of them: a fraction of a second); later, as the purge removes runs, the
-    statistics only overstate what is left, which keeps the planner on the index."""
+    statistics only overstate what is left, which keeps the planner on the index. A purge
+    of more than one chunk only: a sweep's one chunk costs such a plan once."""
     with db.transaction() as conn:
         conn.execute(text("ANALYZE relayq_runs"))
 

@@ -319,3 +319,23 @@ async def test_on_postgresql_a_purge_gives_the_planner_statistics_of_the_runs_fi
     assert purged.runs == 1
     assert sent[0] == "ANALYZE relayq_runs", sent[:3]
     assert sum(s.startswith("ANALYZE") for s in sent) == 1
+
+
+async def test_a_sweeps_purge_of_one_chunk_and_a_dry_run_analyze_nothing(pg: Database):
+    # A worker's sweep purges one chunk every few seconds: an ANALYZE each would cost more
+    # than the chunk
+    await finished_run(pg, "run_old")
+    sent: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    sqlalchemy.event.listen(pg.engine, "before_cursor_execute", seen)
+    try:
+        assert purge_finished(pg, utcnow(), dry_run=True).runs == 1
+        assert purge_finished(pg, utcnow(), limit=retention.CHUNK).runs == 1
+    finally:
+        sqlalchemy.event.remove(pg.engine, "before_cursor_execute", seen)
+
+    assert sent
+    assert not [s for s in sent if "ANALYZE" in s]
