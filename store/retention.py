@@ -117,8 +117,8 @@ def purge_finished(
     counted: set[str] = set()  # a dry run's batches, counted once
     after: tuple[datetime, str] | None = None
     # Other workers sweep too: on PostgreSQL each takes runs no other holds.
-    lock = not dry_run and not db.is_sqlite
     sqlite = db.is_sqlite
+    lock = not dry_run and not sqlite
     # Not for a sweep's one chunk, every few seconds; nor a dry run, which writes nothing
     # and may be on a replica.
     if not sqlite and not dry_run and (limit is None or limit > chunk):
