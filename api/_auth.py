@@ -15,9 +15,12 @@ grants permissions:
 | role | read | answer requests | create and cancel runs |
 |---|---|---|---|
 | `viewer` | yes | | |
-| `approver` | yes | yes | |
-| `submitter` | yes | | yes |
+| `approver` | yes | yes, and decide approvals | |
+| `submitter` | yes | relay calls and questions of the runs it started; never an approval | yes |
 | `host` | | its tools' relay calls, leased (`api._relay`) | |
+
+Which requests a role may answer is the store's to say, whatever the door
+(`relayq.authority`): a route only turns away a role that may answer nothing there.
 
 The JSON API takes a token only as `Authorization: Bearer <token>`; the
 inbox's cookie is no credential there, so a page that makes the browser send
@@ -70,7 +73,8 @@ class Permission(Enum):
     """What a route needs; the value is the roles that have it."""
 
     READ = frozenset({"viewer", "approver", "submitter"})
-    ANSWER = frozenset({"approver"})
+    ANSWER = frozenset({"approver", "submitter"})
+    """Answering something: which requests, the store says (`relayq.authority`)."""
     SUBMIT = frozenset({"submitter"})
     LEASE = frozenset({"host"})
 

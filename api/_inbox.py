@@ -29,6 +29,8 @@ from api._auth import Permission, Principal, Tokens, forbidden, refuse_tokens_in
 from api._events import event_stream
 from api._security import Signer
 from api._state import client_of
+from relayq.approvals import APPROVAL_KIND
+from relayq.authority import refusal
 
 __all__ = [
     "COOKIE",
@@ -138,7 +140,9 @@ def render(
     confirmation the last action left, shown once."""
     common = {
         "who": who,
-        "can_answer": who.may(Permission.ANSWER),
+        # The list's bulk forms decide approvals: shown to those who may decide one.
+        "can_answer": who.may(Permission.ANSWER)
+        and refusal(who.role, APPROVAL_KIND, starter=False) is None,
         "csrf": _signer(request).csrf_token(request.cookies[COOKIE]),
         "error": error,
         "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),

@@ -22,6 +22,7 @@ from api._inbox_views import fields_of, item_of, message_of, when
 from api._state import client_of
 from relayq import ResumeError
 from relayq.approvals import is_approval
+from relayq.authority import refusal
 from store import (
     StoredRequest,
     UnknownRun,
@@ -47,12 +48,16 @@ WINDOW = 100
 router = APIRouter(include_in_schema=False)
 
 
-def may_decide(who: Principal, stored: StoredRequest) -> tuple[bool, str]:
-    """Whether `who` may decide `stored` now, and if not, why (for the read-only notice)."""
+def may_decide(who: Principal, stored: StoredRequest, started_by: str | None) -> tuple[bool, str]:
+    """Whether `who` may decide `stored` now, and if not, why (for the read-only notice):
+    the store's own rules (`relayq.authority`), asked before the forms are shown."""
     if stored.status != "open":
         return False, ""
     if not who.may(Permission.ANSWER):
         return False, f"Your role ({who.role}) may read requests but not decide them."
+    refused = refusal(who.role, stored.request.kind, starter=started_by == who.name)
+    if refused is not None:
+        return False, f"Your {refused[0].lower()}{refused[1:]}; you see it read-only."
     if stored.approvers and not set(who.groups) & set(stored.approvers):
         groups = ", ".join(stored.approvers)
         return False, f"Only members of {groups} may decide this request; you see it read-only."
@@ -81,7 +86,7 @@ async def request_context(request: Request, who: Principal, request_id: str) -> 
     found = await client.store.offload(read)
     stored: StoredRequest = found["stored"]
     view = found["view"]
-    allowed, why = may_decide(who, stored)
+    allowed, why = may_decide(who, stored, view.run.started_by)
     voted = next((v for v in found["votes"] if v.voter == who.name), None)
     schema = stored.request.data.get("schema") if found["approval"] else None
     approving = [v for v in found["votes"] if v.decision != "decline"]

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from pydantic.alias_generators import to_camel
 
 from api._auth import Host, Principal, forbidden_tools
@@ -91,7 +91,7 @@ class ResultBody(_Camel):
     """The leased call's result."""
 
     output: Keepable
-    is_error: bool = False
+    is_error: StrictBool = False
 
 
 class Recorded(_Camel):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, StrictBool, ValidationError
 
 from relayq._errors import AnswerMismatch
 from relayq._tools import Tool
@@ -52,7 +52,8 @@ class RelayResult(WireModel):
 
     id: str
     output: str
-    is_error: bool = False
+    is_error: StrictBool = False
+    """True or false only, at every door (`"yes"`, `1` and `"false"` are refused)."""
 
 
 def relay_tool(name: str, description: str, schema: dict[str, Any] | None = None) -> Tool:

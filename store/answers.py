@@ -57,7 +57,7 @@ from store.requests import (
 )
 from store.runs import cancel_locked, fail_locked, label_of
 from store.transitions import move
-from store.votes import vote, votes_on
+from store.votes import check_may_answer, vote, votes_on
 
 __all__ = [
     "MAX_BULK",
@@ -247,6 +247,7 @@ def _accept(
     request = request_of(row)
     if decision and not is_approval(request):
         raise NotAnApproval(row.id, row.kind)
+    check_may_answer(row, run, who)
     if is_approval(request):
         resolved = vote(s, row, run, request, answer, who, partial=partial, now=now, cast=cast)
         row.revision += 1

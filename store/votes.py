@@ -26,6 +26,7 @@ from relayq.approvals import (
     diff_arguments,
     edit,
 )
+from relayq.authority import DECIDING_KINDS, refusal
 from store.audit import Decider, Outcome, record_decision
 from store.db import Database
 from store.models import RequestRow, RunRow, VoteRow
@@ -33,7 +34,7 @@ from store.requests import request_of
 
 __all__ = [
     "Resolution",
-    "check_may_decide",
+    "check_may_answer",
     "current_arguments",
     "proposed_arguments",
     "vote",
@@ -50,9 +51,17 @@ class Resolution:
     outcome: Outcome
 
 
-def check_may_decide(row: RequestRow, run: RunRow, decider: Decider) -> None:
-    """NotAnApprover unless `decider` is in the request's groups (if it names any), and is
-    not the run's starter where self-approval is forbidden."""
+def check_may_answer(row: RequestRow, run: RunRow, decider: Decider) -> None:
+    """NotAnApprover unless `decider`'s role may answer a request of this kind
+    (`relayq.authority`), and, for an approval, `decider` is in the request's groups (if
+    it names any) and is not the run's starter where self-approval is forbidden. Every
+    answer is checked here, whichever door it came through."""
+    starter = run.started_by is not None and run.started_by == decider.name
+    refused = refusal(decider.role, row.kind, starter=starter)
+    if refused is not None:
+        raise NotAnApprover(row.id, decider.name, "role", f"{refused} ({row.id})")
+    if row.kind not in DECIDING_KINDS:
+        return
     groups = row.approvers or []
     if groups and not set(decider.groups) & set(groups):
         raise NotAnApprover(
@@ -62,7 +71,7 @@ def check_may_decide(row: RequestRow, run: RunRow, decider: Decider) -> None:
             f"{decider.name} is not in the approver groups of request {row.id} "
             f"({', '.join(groups)})",
         )
-    if row.forbid_self and run.started_by is not None and run.started_by == decider.name:
+    if row.forbid_self and starter:
         raise NotAnApprover(
             row.id,
             decider.name,
@@ -123,13 +132,12 @@ def vote(
     """Record `decider`'s decision; the Resolution once the request is decided, else None.
     `cast`: the request's votes so far, where the caller read them already (in bulk).
 
-    Refused, with nothing changed: a decision that is not one (AnswerMismatch), a
-    decider not allowed (NotAnApprover), a second vote (AlreadyVoted).
+    Refused, with nothing changed: a decision that is not one (AnswerMismatch), a second
+    vote (AlreadyVoted). Who may vote at all was checked before (`check_may_answer`).
     """
     if partial:
         raise AnswerMismatch(f"approval {row.id} takes a decision, not a partial answer", row.id)
     decision = decision_of(request, answer)
-    check_may_decide(row, run, decider)
     votes = votes_on(s, [row.id]).get(row.id, []) if cast is None else cast
     if any(v.voter == decider.name for v in votes):
         raise AlreadyVoted(row.id, decider.name)

@@ -38,6 +38,7 @@ class Task(types.Result):
     ttl_ms: int | None
     poll_interval_ms: int | None = None
     input_requests: dict[str, Any] | None = None
+    status_message: str | None = None
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
 
@@ -103,9 +104,11 @@ async def get_task(client: Client, task_id: str) -> Task:
     return await client.session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), Task)
 
 
-async def update_task(client: Client, task_id: str, responses: dict[str, Any]) -> None:
+async def update_task(client: Client, task_id: str, responses: dict[str, Any]) -> list[str]:
+    """Send the responses; the keys the server says it ignored (`relayq/ignored`)."""
     params = UpdateParams(task_id=task_id, input_responses=responses)
-    await client.session.send_request(UpdateTask(params=params), types.EmptyResult)
+    result = await client.session.send_request(UpdateTask(params=params), types.EmptyResult)
+    return list((result.meta or {}).get("relayq/ignored", []))
 
 
 async def cancel_task(client: Client, task_id: str) -> None:

@@ -153,7 +153,10 @@ def _result(call_id: str, response: Any) -> RelayResult:
     output = content.get("output")
     if not isinstance(output, str):
         raise ValueError(f"the response for call {call_id} must have a text output")
-    return RelayResult(id=call_id, output=output, is_error=bool(content.get("isError")))
+    is_error = content.get("isError", False)
+    if not isinstance(is_error, bool):
+        raise ValueError(f"the response for call {call_id}: isError must be true or false")
+    return RelayResult(id=call_id, output=output, is_error=is_error)
 
 
 def _reply(request: Request, content: dict[str, Any] | None) -> Answer:
@@ -199,6 +202,7 @@ def task_of(
     text: str = "",
     error: str | None = None,
     asked: Questions | None = None,
+    waiting: str | None = None,
 ) -> dict[str, Any]:
     """The task a run is, in the extension's wire shape (a dict: `ttlMs` must stay null)."""
     task: dict[str, Any] = {
@@ -222,4 +226,6 @@ def task_of(
         task["status"] = "input_required"
         task["inputRequests"] = asked.requests
         task["_meta"] = asked.meta
+    elif status == "pending" and waiting is not None:
+        task["statusMessage"] = waiting
     return task

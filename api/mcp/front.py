@@ -3,7 +3,8 @@
 A call starts a durable run. A client that declares the tasks extension
 (`io.modelcontextprotocol/tasks`) gets a task at once, whose id is the run's: `tasks/get`
 reads the run from the store (so any `relayq mcp` process serves any task), `tasks/update`
-answers its relay calls and approvals, `tasks/cancel` cancels it. Any other client gets
+answers its relay calls and questions (never an approval: the store's rule,
+`relayq.authority`, lets no submitter decide one), `tasks/cancel` cancels it. Any other client gets
 the specification's multi round-trip requests: the call waits for the run; when it
 suspends, the result is `input_required` with one input request per relay call and a
 sealed `requestState` naming the run and its request, and the client's retry with
@@ -16,8 +17,10 @@ Tokens are the API's (`RELAYQ_API_TOKENS`, a bearer token): starting runs takes 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -36,6 +39,7 @@ from api.mcp._inputs import TASKS, answer_of, input_requests, task_of
 from relayq import ResumeError, UnstorableInput
 from relayq.agents import Agent, registered_agents
 from relayq.approvals import is_approval
+from relayq.authority import refusal
 from relayq.relay import is_relay_request
 from store import StoredRequest
 from store.audit import Decider
@@ -44,11 +48,18 @@ from store.queries import get_run, run_result
 from tasks import DurableClient
 from tasks.settings import Settings
 
-__all__ = ["WAIT", "McpFront", "mcp_app"]
+__all__ = ["IGNORED_META", "WAIT", "McpFront", "mcp_app"]
+
+IGNORED_META = "relayq/ignored"
+"""Under a `tasks/update` result's `_meta`: the input responses that answered nothing open
+(already answered, or not asked), which the extension says to ignore."""
 
 WAIT = 20.0
 """Seconds a call without the tasks extension waits for its run before it answers with a
 `requestState` to retry with."""
+
+DECIDED_EVERY = 1.0
+"""Seconds between two looks at an approval a call without the tasks extension waits on."""
 
 _PROMPT_SCHEMA = {
     "type": "object",
@@ -136,8 +147,8 @@ class McpFront:
             except UnstorableInput as exc:
                 raise MCPError(types.INVALID_PARAMS, str(exc)) from None
             if _declared_tasks(ctx):
-                return {"resultType": "task", **await self._task(run_id)}
-        return await self._settle(run_id)
+                return {"resultType": "task", **await self._task(who, run_id)}
+        return await self._settle(who, run_id)
 
     def _agent(self, tool: str) -> Agent:
         agent = registered_agents().get(tool.removeprefix("run_"))
@@ -167,16 +178,25 @@ class McpFront:
         await self._answer(who, stored, responses)
         return run_id
 
-    async def _settle(self, run_id: str) -> types.CallToolResult | types.InputRequiredResult:
-        with contextlib.suppress(TimeoutError):
-            await self.client.settled(run_id, timeout=WAIT)
-        result = await self.client.store(run_result, self.client.db, run_id)
-        if result.status == "done":
-            return _text(result.text, error=False)
-        if result.status in ("failed", "incomplete", "cancelled"):
-            return _text(result.error or f"the run is {result.status}", error=True)
-        stored = await self._open_request(run_id) if result.status == "pending" else None
-        if stored is None:
+    async def _settle(
+        self, who: Principal, run_id: str
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        deadline = time.monotonic() + WAIT
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await self.client.settled(run_id, timeout=max(deadline - time.monotonic(), 0))
+            result = await self.client.store(run_result, self.client.db, run_id)
+            if result.status == "done":
+                return _text(result.text, error=False)
+            if result.status in ("failed", "incomplete", "cancelled"):
+                return _text(result.error or f"the run is {result.status}", error=True)
+            stored = await self._open_request(run_id) if result.status == "pending" else None
+            if stored is None or _may_answer(who, stored) or time.monotonic() >= deadline:
+                break
+            # An approval waits for an approver elsewhere: the call waits for the decision
+            # (so the client's retries do not spin), then for the run.
+            await self._decided(stored, within=deadline - time.monotonic())
+        if stored is None or not _may_answer(who, stored):
             return types.InputRequiredResult(request_state=json.dumps({"run": run_id}))
         asked = input_requests(stored, await self._schemas(stored.agent))
         return types.InputRequiredResult.model_validate(
@@ -193,17 +213,20 @@ class McpFront:
     async def _get_task(
         self, ctx: ServerRequestContext[Any], params: TaskIdParams
     ) -> dict[str, Any]:
-        await self._task_caller(ctx, params.task_id)
-        return {"resultType": "complete", **await self._task(params.task_id)}
+        who = await self._task_caller(ctx, params.task_id)
+        return {"resultType": "complete", **await self._task(who, params.task_id)}
 
     async def _update_task(
         self, ctx: ServerRequestContext[Any], params: UpdateTaskParams
     ) -> dict[str, Any]:
         who = await self._task_caller(ctx, params.task_id)
         stored = await self._open_request(params.task_id)
-        if stored is not None:
-            await self._answer(who, stored, params.input_responses)
-        return {"resultType": "complete"}
+        taken = await self._answer(who, stored, params.input_responses) if stored else set()
+        ignored = sorted(set(params.input_responses) - taken)
+        if not ignored:
+            return {"resultType": "complete"}
+        # The extension ignores what answers nothing open; the caller is told which.
+        return {"resultType": "complete", "_meta": {IGNORED_META: ignored}}
 
     async def _cancel_task(
         self, ctx: ServerRequestContext[Any], params: TaskIdParams
@@ -220,14 +243,16 @@ class McpFront:
         await self._own(who, task_id)
         return who
 
-    async def _task(self, run_id: str) -> dict[str, Any]:
+    async def _task(self, who: Principal, run_id: str) -> dict[str, Any]:
         run = await self.client.store(get_run, self.client.db, run_id)
         result = await self.client.store(run_result, self.client.db, run_id)
-        asked = None
+        asked, waiting = None, None
         if result.status == "pending":
             stored = await self._open_request(run_id)
-            if stored is not None:
+            if stored is not None and _may_answer(who, stored):
                 asked = input_requests(stored, await self._schemas(stored.agent))
+            elif stored is not None:
+                waiting = f"waiting for an approver to decide request {stored.request.id}"
         return task_of(
             run_id,
             result.status,
@@ -236,19 +261,22 @@ class McpFront:
             text=result.text,
             error=result.error,
             asked=asked,
+            waiting=waiting,
         )
 
     # --- shared ---------------------------------------------------------------------------
 
     async def _answer(
         self, who: Principal, stored: StoredRequest, responses: dict[str, Any]
-    ) -> None:
+    ) -> set[str]:
+        """Answer what `responses` answer of `stored`; the keys it took (the others answer
+        nothing it asks, and are ignored, as the extension says)."""
         try:
             answer = answer_of(stored, responses)
         except ValueError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from None
         if answer is None:
-            return  # nothing it asks is answered: ignored, as the extension says
+            return set()
         decider = Decider(name=who.name, role=who.role, groups=tuple(who.groups), via="api")
         approval = is_approval(stored.request)
         try:
@@ -260,6 +288,15 @@ class McpFront:
             )
         except ResumeError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from None
+        return set(responses) & set(input_requests(stored, {}).requests)
+
+    async def _decided(self, stored: StoredRequest, *, within: float) -> None:
+        """Return once `stored` is no longer open, or after `within` seconds."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(DECIDED_EVERY, max(deadline - time.monotonic(), 0)))
+            if await self._open_request(stored.run_id) != stored:
+                return
 
     async def _open_request(self, run_id: str) -> StoredRequest | None:
         open_now = await self.client.requests("open", run_id=run_id)
@@ -299,6 +336,12 @@ class McpFront:
         return self.tokens.lookup(token) if scheme.lower() == "bearer" and token else None
 
 
+def _may_answer(who: Principal, stored: StoredRequest) -> bool:
+    """Whether the run's starter `who` may answer `stored` (the store's rule, asked first
+    so that an approval is never offered to one who may not decide it)."""
+    return refusal(who.role, stored.request.kind, starter=True) is None
+
+
 def _wire(response: Any) -> Any:
     """An input response as the JSON it came as (the SDK parses those of multi round-trip
     retries into its models)."""
@@ -326,7 +369,8 @@ def _text(text: str, *, error: bool) -> types.CallToolResult:
 
 
 class _BearerOnly:
-    """401 for an HTTP request without a known bearer token, before the SDK reads it."""
+    """401 for an HTTP request without a known bearer token, 403 for a token whose role
+    may use no MCP method, before the SDK reads it."""
 
     def __init__(self, app: ASGIApp, tokens: Tokens) -> None:
         self.app = app
@@ -336,10 +380,16 @@ class _BearerOnly:
         if scope["type"] == "http":
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or self.tokens.lookup(token) is None:
-                await JSONResponse({"detail": "a valid bearer token is required"}, 401)(
-                    scope, receive, send
-                )
+            who = self.tokens.lookup(token) if scheme.lower() == "bearer" else None
+            refused = None
+            if who is None:
+                refused = JSONResponse({"detail": "a valid bearer token is required"}, 401)
+            elif not who.may(Permission.READ):
+                # A host's door is the relay API: MCP serves those who read and submit.
+                detail = f"role {who.role!r} may not use MCP: its door is /api/relay"
+                refused = JSONResponse({"detail": detail}, 403)
+            if refused is not None:
+                await refused(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

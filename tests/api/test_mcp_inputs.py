@@ -164,3 +164,15 @@ def test_a_pending_run_is_input_required_with_its_questions():
 
     assert (task["status"], task["inputRequests"]) == ("input_required", asked.requests)
     assert task["_meta"] == {"relayq/calls": asked.details}
+
+
+@pytest.mark.parametrize("flag", ["false", "true", 1, 0, None, "yes"])
+def test_is_error_is_true_or_false_and_nothing_else(flag: object):
+    with pytest.raises(ValueError, match="isError must be true or false"):
+        answer_of(stored(two_calls()), {"c1": accept(output="x", isError=flag)})
+
+
+def test_a_relay_result_is_error_is_a_strict_boolean_wherever_it_is_built():
+    for flag in ("false", "yes", 1):
+        with pytest.raises(ValueError, match=r"is_error|isError"):
+            RelayResult.model_validate({"id": "c1", "output": "x", "isError": flag})

@@ -425,7 +425,8 @@ def serve_in_thread(app: FastAPI) -> Iterator[ApiServer]:
     try:
         yield ApiServer(url=f"http://127.0.0.1:{port}", app=app)
     finally:
-        closing = getattr(app.state, "closing", None)  # relayq's app (not another origin's)
+        # relayq's API (not the MCP front, nor another origin's app)
+        closing = getattr(getattr(app, "state", None), "closing", None)
         if closing is not None:
             closing.set()  # as `api.server` does on a signal: long polls answer now
         server.should_exit = True

@@ -6,7 +6,9 @@ the other), a worker of the test's own, and clients built with the `mcp` SDK.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -17,6 +19,11 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
+from relayq.approvals import approve, edit
+from store import decisions_of
+from store.audit import Decider
+from store.queries import run_view
+from tasks import DurableClient, Settings
 from tests.mcp_tasks_client import (
     Task,
     cancel_task,
@@ -114,7 +121,13 @@ async def test_answers_in_two_updates_accumulate_and_a_second_process_serves_the
     async with connected(served.urls[0], SUBMITTER, tasks=True) as first:
         created = await start_task(first, "run_seed-three", "in two parts")
         await until_status(first, created.task_id, "input_required")
-        await update_task(first, created.task_id, {"c1": accept("one"), "c2": accept("two")})
+        ignored = await update_task(
+            first, created.task_id, {"c1": accept("one"), "c2": accept("two")}
+        )
+        assert ignored == []
+        # A late or racing update of a call already answered is ignored, and told so
+        late = await update_task(first, created.task_id, {"c1": accept("1"), "zz": accept("?")})
+        assert late == ["c1", "zz"]
     # When a client of the second process reads it and answers the rest
     async with connected(served.urls[1], SUBMITTER, tasks=True) as second:
         rest = await get_task(second, created.task_id)
@@ -126,21 +139,93 @@ async def test_answers_in_two_updates_accumulate_and_a_second_process_serves_the
     assert done.result["content"][0]["text"] == "one,two,three"  # type: ignore[index]
 
 
-async def test_an_approval_is_an_input_request_deciding_it(served: Served):
+async def decide_as_an_approver(served: Served, run_id: str, decision) -> None:
+    """An approver's decision through the Python client, as the API and the inbox give it."""
+    async with DurableClient(settings=Settings.from_env(served.spare.env)) as client:
+        (stored,) = await poll(lambda: client.requests("open", run_id=run_id), what="a request")
+        approver = Decider(name="alice", role="approver", via="api")
+        await client.submit_answer(decision(stored.request.id), decider=approver, decision=True)
+
+
+async def test_a_submitters_task_waits_for_an_approver_and_cannot_decide_its_own_approval(
+    served: Served,
+):
     async with connected(served.urls[1], SUBMITTER, tasks=True) as client:
         created = await start_task(client, "run_gated", "release it")
-        asked = await until_status(client, created.task_id, "input_required")
-        ((key, request),) = (asked.input_requests or {}).items()
-        schema = request["params"]["requestedSchema"]
-        assert schema["properties"]["decision"]["enum"] == ["approve", "edit", "decline"]
-        edited = {"decision": "edit", "arguments": json.dumps({"service": "api"})}
+        # The run waits on an approval its starter may not decide: the task is working,
+        # saying on what, and asks the client nothing
+        waiting = await poll(
+            lambda: _waiting(client, created.task_id), what="the task to wait on its approval"
+        )
+        assert waiting.input_requests is None
+        run_id = created.task_id
+        async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
+            (stored,) = await python.requests("open", run_id=run_id)
+        rid = stored.request.id
+        assert f"waiting for an approver to decide request {rid}" == waiting.status_message
 
-        await update_task(client, created.task_id, {key: {"action": "accept", "content": edited}})
-        done = await until_status(client, created.task_id, "completed")
+        # Approving or editing it anyway is refused, and changes nothing
+        for content in ({"decision": "approve"}, {"decision": "edit", "arguments": "{}"}):
+            with pytest.raises(MCPError, match="may not decide a tool_approval"):
+                await update_task(client, run_id, {rid: {"action": "accept", "content": content}})
+        assert (await get_task(client, run_id)).status == "working"
+
+        # An approver decides it elsewhere: the task completes with what was approved
+        await decide_as_an_approver(served, run_id, lambda rid: edit(rid, {"service": "api"}))
+        done = await until_status(client, run_id, "completed")
 
     text = done.result["content"][0]["text"]  # type: ignore[index]
     assert text.endswith("\nreleased api")
-    assert 'service: "web" -> "api"' in text
+
+
+async def _waiting(client, task_id: str) -> Task | None:
+    task = await get_task(client, task_id)
+    return task if task.status == "working" and task.status_message else None
+
+
+async def test_without_tasks_an_approval_is_never_asked_of_its_starter_and_a_retry_waits(
+    served: Served,
+):
+    async with connected(served.urls[0], SUBMITTER, tasks=False) as client:
+        arguments = {"prompt": f"release, round trips {uuid.uuid4().hex}"}
+        asked = await client.session.call_tool("run_gated", arguments, allow_input_required=True)
+        # The run waits on its approval: the call answers with a state alone, asking nothing
+        assert isinstance(asked, types.InputRequiredResult)
+        assert not asked.input_requests
+        assert asked.request_state is not None
+        async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
+            mine = [r for r in await python.runs("pending", agent="gated") if r.started_by == "sam"]
+            (run,) = [r for r in mine if await _prompt_of(python, r.id) == arguments["prompt"]]
+            (stored,) = await python.requests("open", run_id=run.id)
+
+        # When the client retries with an edit keyed by the approval's id, while an
+        # approver approves it as the model asked
+        edit_it = {"decision": "edit", "arguments": json.dumps({"service": "db"})}
+        responses: dict[str, types.InputResponse] = {
+            stored.request.id: types.ElicitResult(action="accept", content=edit_it)
+        }
+        retry = asyncio.create_task(
+            client.session.call_tool(
+                "run_gated", arguments, input_responses=responses,
+                request_state=asked.request_state, allow_input_required=True,
+            )
+        )  # fmt: skip
+        await asyncio.sleep(1.5)
+        assert not retry.done(), "the retry waits for the approver, it does not spin"
+        await decide_as_an_approver(served, run.id, approve)
+        done = await asyncio.wait_for(retry, 30)
+
+    # Then the held retry ends with the run's end, and the starter's edit was never applied
+    assert isinstance(done, types.CallToolResult)
+    assert done.content[0].text == "released web"  # type: ignore[union-attr]
+    async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
+        trail = await python.store(decisions_of, python.db, stored.request.id)
+    assert [(d.actor, d.outcome) for d in trail] == [("alice", "approved")]
+
+
+async def _prompt_of(client: DurableClient, run_id: str) -> str:
+    result = await client.store(run_view, client.db, run_id, limit=1)
+    return str(result.prompt)
 
 
 async def test_a_cancelled_task_is_cancelled(served: Served):

@@ -92,6 +92,21 @@ async def test_a_host_leases_the_call_answers_it_and_the_run_goes_on(
     assert [(d["actor"], d["role"], d["via"]) for d in trail] == [("laptop", "host", "api")]
 
 
+@pytest.mark.parametrize("flag", ["yes", 1, "false", None])
+async def test_a_results_is_error_is_true_or_false_or_refused_with_nothing_changed(
+    api: ApiServer, runs: list[str], prompt: str, flag: object
+):
+    run_id = await start(api, runs, prompt)
+    async with api.http(SHELL_HOST) as host:
+        held = await lease_of(host, run_id)
+        path = f"/api/relay/leases/{held['leaseId']}/result"
+        refused = await host.post(path, json={"output": "ran it", "isError": flag})
+        assert refused.status_code == 422, refused.text
+        # The lease still holds its call: the same result, well formed, is taken
+        taken = await host.post(path, json={"output": "ran it", "isError": False})
+    assert taken.status_code == 200, taken.text
+
+
 async def test_each_call_goes_to_a_host_of_its_tool_and_the_last_result_answers(
     api: ApiServer, runs: list[str], eventually: Eventually, prompt: str
 ):
