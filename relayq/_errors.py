@@ -8,6 +8,7 @@
     │   ├── AnswerMismatch       unknown or repeated call ids, a wrong echoed id, a bad shape
     │   │   └── CallAnswered         a call that already has a result (partial answers)
     │   ├── ConversationBusy     the conversation has a run that is not finished
+    │   ├── ConversationPurged   the conversation's earlier runs were purged: it cannot go on
     │   ├── NotAnApprover        the decider is not in the request's approver groups, or
     │   │                        started the run and the request forbids self-approval
     │   ├── NotAnApproval        a decision on a request that is not an approval (a relay
@@ -61,7 +62,7 @@
 The API and the CLI choose a status code and a message from an error's type
 alone: UnknownRequest, UnknownRun, UnknownBatch, UnknownAgent and UnknownLease are 404;
 NotAnApprover and LeaseRefused 403; RequestClosed, CallAnswered, NotAnApproval, AlreadyVoted,
-BulkRefused, ConversationBusy, JobChanged, JobExists and LeaseLost 409;
+BulkRefused, ConversationBusy, ConversationPurged, JobChanged, JobExists and LeaseLost 409;
 AnswerTooLarge and InputTooLarge 413; every other ResumeError, UnstorableInput and
 BadQuery 422; StoreUnavailable 503, with Retry-After.
 
@@ -84,6 +85,7 @@ __all__ = [
     "BulkRefused",
     "CallAnswered",
     "ConversationBusy",
+    "ConversationPurged",
     "RequestClosed",
     "UnknownRequest",
     "InputTooLarge",
@@ -175,6 +177,22 @@ class ConversationBusy(ResumeError):
         self.conversation_id = conversation_id
         self.run_id = run_id
         self.status = status
+
+
+class ConversationPurged(ResumeError):
+    """The conversation lost messages to a purge (`relayq purge`, `RELAYQ_RETENTION`) of
+    its earlier runs: `kept` of its `written` messages are left, so a run continuing it
+    would see half a history. Start a new conversation instead."""
+
+    def __init__(self, conversation_id: str, kept: int, written: int) -> None:
+        super().__init__(
+            f"conversation {conversation_id!r} keeps {kept} of its {written} messages: its "
+            "earlier runs were purged, so it cannot go on; start a new conversation"
+        )
+        self.args = (conversation_id, kept, written)
+        self.conversation_id = conversation_id
+        self.kept = kept
+        self.written = written
 
 
 class NotAnApprover(ResumeError):

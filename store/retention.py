@@ -8,7 +8,9 @@ the cut, with its messages, ledger, outbox rows, requests (their votes, relay ca
 leases), and its events with their webhook deliveries and attempts. A batch goes with
 its last run. The audit trail (`relayq_decisions`) stays: each decision names its run,
 request and actor itself. A run that is queued, running or waiting is never touched,
-nor a run with a request still open.
+nor a run with a request still open, nor a finished run whose conversation has a run
+still going (that run's history is its messages), nor one with a webhook delivery not
+yet delivered or given up (it goes once the delivery settles).
 
 The work goes in small transactions (`chunk` runs each), so none holds SQLite's write
 lock for long beside live work, and a purge cut short leaves whole runs, removed or
@@ -31,6 +33,7 @@ from typing import Any
 
 from sqlalchemy import and_ as _and_all
 from sqlalchemy import delete, func, text
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from store.db import Database
@@ -143,6 +146,7 @@ def purge_finished(
                 if not runs:
                     break
                 after = (runs[-1].updated_at, runs[-1].id)
+            runs = _still_purgeable(s, runs, before, lock=lock)
             if runs:
                 _remove(s, runs, purged, before if dry_run else None, counted, lock=lock)
     if purged.runs and not dry_run:
@@ -273,7 +277,9 @@ def _found(db: Database, query: Any) -> bool:
 
 
 def _purgeable(before: datetime, *, sqlite: bool = True) -> list[Any]:
-    """A run that may go: finished, last changed before `before`, no request open.
+    """A run that may go: finished, last changed before `before`, no request open, no run
+    of its conversation still going (it reads this one's messages), no webhook delivery
+    of its events still pending (it would be lost unsent).
 
     On SQLite the statuses are compared as `status || ''`, which no index serves: its
     planner, with no statistics, took the index on status for both, sorting every
@@ -285,11 +291,42 @@ def _purgeable(before: datetime, *, sqlite: bool = True) -> list[Any]:
     open_request = select(RequestRow.id).where(
         RequestRow.run_id == RunRow.id, status(RequestRow.status) == "open"
     )
+    # A run of the same conversation still going reads this one's messages as its history.
+    sibling = aliased(RunRow)
+    going_on = select(sibling.id).where(
+        col(sibling.conversation_id) == col(RunRow.conversation_id),
+        status(sibling.status).not_in(FINISHED),
+    )
+    undelivered = (
+        select(DeliveryRow.id)
+        .join(EventRow, col(EventRow.id) == col(DeliveryRow.event_id))
+        .where(EventRow.run_id == RunRow.id, status(DeliveryRow.state) == "pending")
+    )
     return [
         status(RunRow.status).in_(FINISHED),
         col(RunRow.updated_at) < before,
         ~open_request.exists(),
+        ~going_on.exists(),
+        ~undelivered.exists(),
     ]
+
+
+def _still_purgeable(
+    s: Session, runs: Sequence[RunRow], before: datetime, *, lock: bool
+) -> Sequence[RunRow]:
+    """Of `runs`, locked (`lock`: PostgreSQL), those that may still go, asked by a statement
+    of its own. The
+    one that locked them judged them by what was committed when it began: a run that
+    continues the conversation, committed before the lock was taken, was not in its view,
+    and the lock only says that none can be now (`store.runs` locks a conversation's
+    runs to continue it). SQLite's one writer leaves nothing to ask again."""
+    if not lock or not runs:
+        return runs
+    query = select(RunRow.id).where(
+        col(RunRow.id).in_([r.id for r in runs]), *_purgeable(before, sqlite=False)
+    )
+    kept = set(s.exec(query))
+    return [r for r in runs if r.id in kept]
 
 
 def _unindexed(column: Any) -> Any:

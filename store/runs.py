@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from relayq import ConversationBusy, ResumeError
+from relayq import ConversationBusy, ConversationPurged, ResumeError
 from relayq import transcript as tx
 from relayq.limits import check_run_input
 from store import statements as sql
@@ -24,7 +24,7 @@ from store.db import Database
 from store.errors import JobExists, UnknownRun
 from store.events import emit
 from store.messages import conversation, message_row, message_values
-from store.models import FINISHED, OutboxRow, RunRow, utcnow
+from store.models import FINISHED, MessageRow, OutboxRow, RunRow, utcnow
 from store.outbox import (
     NO_FIRST_TURNS,
     TURN_QUEUE,
@@ -113,8 +113,9 @@ def create_run(
     now = utcnow()
     try:
         with db.write() as s:
+            _check_can_continue(s, conversation_id)
             history = conversation(s, conversation_id)
-            _check_can_continue(s, conversation_id, history)
+            _check_history(s, conversation_id, history)
             run = RunRow(
                 id=run_id,
                 agent=spec.agent,
@@ -230,12 +231,26 @@ def insert_runs(
     return enqueue_first_turns(conn, [r for r, _ in runs], labels, queue=queue)
 
 
-def _check_can_continue(s: Session, conv: str, history: list[dict[str, Any]]) -> None:
-    busy = s.exec(
-        select(RunRow).where(RunRow.conversation_id == conv, col(RunRow.status).not_in(FINISHED))
-    ).first()
-    if busy is not None:
-        raise ConversationBusy(conv, busy.id, busy.status)
+def _check_can_continue(s: Session, conv: str) -> None:
+    """ConversationBusy if a run of `conv` is not finished. Its runs stay locked until
+    the new one is written: a purge, which locks the runs it removes, either removed
+    them already (and `_check_history` sees it) or waits for the new run, which keeps
+    them (`store.retention`)."""
+    runs = select(RunRow.id, RunRow.status).where(RunRow.conversation_id == conv)
+    for run_id, status in s.exec(runs.with_for_update()):
+        if status not in FINISHED:
+            raise ConversationBusy(conv, run_id, status)
+
+
+def _check_history(s: Session, conv: str, history: list[dict[str, Any]]) -> None:
+    """ConversationPurged if messages of `conv` were purged: each message's position is
+    its place in the conversation, so a history with holes cannot go on. A conversation
+    purged whole has nothing left, and starts again."""
+    if history:
+        last = s.exec(select(func.max(MessageRow.seq)).where(MessageRow.conversation_id == conv))
+        written = int(last.one() or 0) + 1
+        if written != len(history):
+            raise ConversationPurged(conv, len(history), written)
     if any(slot.state != "done" for slot in tx.slots(history)):
         raise ResumeError(f"conversation {conv!r} ends in an unfinished turn; it cannot go on")
 

@@ -27,6 +27,7 @@ def test_the_package_exports_exactly_these_names():
             "tool",
             "AlreadyVoted", "AnswerMismatch", "AnswerTooLarge", "BulkRefused", "CallAnswered",
             "ConversationBusy",
+            "ConversationPurged",
             "InputTooLarge", "NotAnApproval", "NotAnApprover", "RequestClosed", "UnknownAgent",
             "UnknownRequest",
             "UnstorableAnswer", "UnstorableInput",

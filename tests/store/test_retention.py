@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 from sqlmodel import SQLModel, col, select
 
-from relayq import UnknownRequest
-from store import Database, Decider, apply_answer_of, get_request, get_run
+from relayq import ConversationPurged, UnknownRequest
+from relayq.relay import RelayResult, relay_answer, relay_calls_of
+from store import Database, Decider, accept_answer, apply_answer_of, get_request, get_run
 from store.leases import lease_calls, lease_result
 from store.models import (
     BatchRow,
@@ -32,7 +34,7 @@ from store.models import (
 from store.retention import KEPT, Purged, purge_finished
 from tests import forkserver
 
-from .driver import halt_on_relay, run_turn, start
+from .driver import halt_on_relay, message_rows, run_turn, snapshot, start
 
 TURN = "relayq.run_turn"
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,11 +44,13 @@ LINKS = ("run_id", "request_id", "event_id", "delivery_id", "batch_id")
 """The columns by which a row belongs to a run, directly or through its parts."""
 
 
-async def finished_run(db: Database, run_id: str, *, batch_id: str | None = None) -> str:
+async def finished_run(
+    db: Database, run_id: str, *, batch_id: str | None = None, delivery: str = "delivered"
+) -> str:
     """A run that ended 40 days ago with a row in every table a run has rows in: its
     messages, an answered relay request (a lease, its relay call, a vote), a ledger row,
-    an outbox row, an event delivered to a webhook (its attempt), and a batch. Returns
-    its request's id."""
+    an outbox row, an event with a webhook delivery in state `delivery` (its attempt),
+    and a batch. Returns its request's id."""
     kit, model, turn = await halt_on_relay(db, "c1", run_id=run_id)
     assert turn.pending is not None
     request_id = turn.pending.id
@@ -57,14 +61,15 @@ async def finished_run(db: Database, run_id: str, *, batch_id: str | None = None
     long_ago = utcnow() - 40 * DAY
     with db.write() as s:
         event = EventRow(id=f"ev_{run_id}", type="run.finished", run_id=run_id, created_at=long_ago)
-        delivery = DeliveryRow(
-            event_id=event.id, endpoint="ops", next_at=long_ago, created_at=long_ago
-        )
-        s.add_all([event, delivery])
+        delivery_row = DeliveryRow(
+            event_id=event.id, endpoint="ops", state=delivery, next_at=long_ago,
+            created_at=long_ago,
+        )  # fmt: skip
+        s.add_all([event, delivery_row])
         s.flush()
-        assert delivery.id is not None
+        assert delivery_row.id is not None
         attempt = DeliveryAttemptRow(
-            delivery_id=delivery.id, event_id=event.id, endpoint="ops", attempt=1, at=long_ago
+            delivery_id=delivery_row.id, event_id=event.id, endpoint="ops", attempt=1, at=long_ago
         )
         s.add_all([
             attempt,
@@ -195,6 +200,106 @@ async def test_a_finished_run_with_a_request_still_open_stays(db: Database):
 
     assert purge_finished(db, utcnow() - 30 * DAY) == Purged()
     assert get_run(db, "run_odd").status == "failed"
+
+
+async def answer_and_finish(db: Database, run_id: str, kit: Any, model: Any, turn: Any) -> None:
+    """The run's relay call answered (accepted, applied as the answer task does), and its
+    next turn run to its end."""
+    assert turn.pending is not None
+    calls = relay_calls_of(turn.pending)
+    results = [RelayResult(id=c.id, output=f"found {c.id}") for c in calls]
+    accept_answer(db, relay_answer(turn.pending.id, results))
+    apply_answer_of(db, turn.pending.id)
+    assert (await run_turn(db, run_id, kit, model)).status == "done"
+
+
+async def test_a_finished_run_stays_while_its_conversation_goes_on(db: Database):
+    # Given run r1, done 40 days ago, and r2 continuing its conversation, waiting on a call
+    await finished_run(db, "run_r1")
+    kit, model, turn = await halt_on_relay(db, "c1", run_id="run_r2", conversation_id="run_r1")
+    history = [(m.seq, m.run_id) for m in message_rows(db, "run_r1")]
+
+    # When finished work is purged
+    purged = purge_finished(db, utcnow() - 30 * DAY)
+
+    # Then r1 and its messages stay, and r2's answer lands on its placeholder: the run ends
+    assert purged.runs == 0
+    assert [(m.seq, m.run_id) for m in message_rows(db, "run_r1")] == history
+    await answer_and_finish(db, "run_r2", kit, model, turn)
+    texts = [m.body.get("content") for m in message_rows(db, "run_r1") if m.run_id == "run_r2"]
+    assert texts[-2:] == ["found c1", "finished"]
+    # ... and once the conversation has no run going, r1 goes (r2 is recent: it stays)
+    assert purge_finished(db, utcnow() - 30 * DAY).runs == 1
+    assert get_run(db, "run_r2").status == "done"
+
+
+async def test_a_conversation_whose_earlier_runs_were_purged_refuses_to_go_on(db: Database):
+    # Given a conversation of r1 (purged) and r2 (recent: kept)
+    await finished_run(db, "run_a")
+    kit, model, turn = await halt_on_relay(db, "c1", run_id="run_b", conversation_id="run_a")
+    await answer_and_finish(db, "run_b", kit, model, turn)
+    assert purge_finished(db, utcnow() - 30 * DAY).runs == 1
+    before = snapshot(db)
+
+    # When a run would continue it: refused, saying why, and nothing is written
+    with pytest.raises(ConversationPurged, match="earlier runs were purged") as refused:
+        start(db, run_id="run_c", conversation_id="run_a")
+    assert (refused.value.kept, refused.value.written) == (len(message_rows(db, "run_a")), 8)
+    assert snapshot(db) == before
+
+
+async def test_a_purge_racing_a_run_that_continues_the_conversation_leaves_no_hole(
+    db: Database,
+):
+    # Given conversations whose only run ended 40 days ago, each raced by a purge and a
+    # run continuing it
+    for n in range(12):
+        await finished_run(db, f"run_old{n}")
+        outcome: dict[str, BaseException | None] = {}
+
+        def go_on(n: int = n, outcome: dict[str, BaseException | None] = outcome) -> None:
+            try:
+                start(db, run_id=f"run_new{n}", conversation_id=f"run_old{n}")
+                outcome["start"] = None
+            except BaseException as exc:
+                outcome["start"] = exc
+
+        racer = threading.Thread(target=go_on)
+        racer.start()
+        purge_finished(db, utcnow() - 30 * DAY)
+        racer.join(30)
+
+        # Then either the purge went first (the conversation went whole, and the run
+        # starts it again) or the run did (and the old run stays): positions have no hole
+        assert outcome["start"] is None, outcome["start"]
+        seqs = [m.seq for m in message_rows(db, f"run_old{n}")]
+        assert seqs == list(range(len(seqs))), seqs
+        assert get_run(db, f"run_new{n}").start_seq == len(seqs) - 1
+
+
+async def test_a_conversation_purged_whole_starts_again(db: Database):
+    await finished_run(db, "run_gone")
+    assert purge_finished(db, utcnow() - 30 * DAY).runs == 1
+
+    start(db, run_id="run_again", conversation_id="run_gone")
+
+    assert [(m.seq, m.run_id) for m in message_rows(db, "run_gone")] == [(0, "run_again")]
+
+
+async def test_a_run_whose_webhook_delivery_is_not_settled_stays_until_it_is(db: Database):
+    # Given an old finished run whose run.finished delivery is still to be sent
+    await finished_run(db, "run_hooked", delivery="pending")
+
+    # When finished work is purged, it stays, delivery and all
+    assert purge_finished(db, utcnow() - 30 * DAY).runs == 0
+    with db.read() as s:
+        (delivery,) = s.exec(select(DeliveryRow).where(DeliveryRow.event_id == "ev_run_hooked"))
+    # Then once it is given up (or delivered), the run goes with it
+    with db.write() as s:
+        kept = s.get(DeliveryRow, delivery.id)
+        assert kept is not None
+        kept.state = "failed"
+    assert purge_finished(db, utcnow() - 30 * DAY).runs == 1
 
 
 def test_a_purge_of_nothing_removes_nothing(db: Database):
