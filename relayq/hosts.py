@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
@@ -225,9 +226,10 @@ class RelayHost:
                 result = await asyncio.to_thread(function, arguments, call)
                 if inspect.isawaitable(result):
                     result = await result
+            # Its text too: a value whose text fails is the call's failure, not the host's.
+            return str(result), False
         except Exception as exc:  # the tool's failure is the call's error result
             return f"{type(exc).__name__}: {exc}", True
-        return str(result), False
 
     async def _heartbeat(self, call: LeasedCall) -> None:
         every = max(self.lease_seconds / 3, 0.2)
@@ -242,15 +244,28 @@ class RelayHost:
                 return
 
     async def _result(self, call: LeasedCall, output: str, is_error: bool) -> None:
-        body: dict[str, Any] = {"output": output, "isError": is_error}
-        pause, refused = 0.5, False
+        """Send the call's result, once taken. A result this host cannot send (text no
+        UTF-8 encodes, a body the API refuses as too large, a post that fails for a
+        reason of its own making) becomes an error result saying why, sent once: every
+        host would fail the same way, so the call is never offered again for it."""
+        body, refused = _result_body(output, is_error), False
+        pause = 0.5
         while True:
             try:
                 response = await self._http.post(
-                    f"/api/relay/leases/{call.lease_id}/result", json=body
+                    f"/api/relay/leases/{call.lease_id}/result",
+                    content=body,
+                    headers={"Content-Type": "application/json"},
                 )
             except httpx.TransportError as exc:
                 log.warning("relay host: result of %s not sent (%s); again", call.key, _why(exc))
+            except Exception as exc:  # a failure of this host's own making: told once
+                log.error("relay host: result of %s not sent: %s", call.key, _named(exc))
+                if refused:
+                    return  # the lease lapses; the call is offered again
+                refused = True
+                body = _error_body(f"the host could not send the tool's result: {_named(exc)}")
+                continue
             else:
                 if response.status_code == 200:
                     self.served += 1
@@ -267,7 +282,7 @@ class RelayHost:
                     # Too large, say: the model is told so, rather than the call being
                     # offered again, to fail the same way on every host.
                     refused = True
-                    body = {"output": f"the API refused the result {refusal}", "isError": True}
+                    body = _error_body(f"the API refused the result {refusal}")
                     continue
             await asyncio.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE)
@@ -275,6 +290,24 @@ class RelayHost:
     async def _release(self, lease: dict[str, Any]) -> None:
         with contextlib.suppress(httpx.TransportError):
             await self._http.post(f"/api/relay/leases/{lease['leaseId']}/release")
+
+
+def _result_body(output: str, is_error: bool) -> bytes:
+    """The result's JSON; an error result saying why where the output cannot be sent."""
+    try:
+        return json.dumps(
+            {"output": output, "isError": is_error}, ensure_ascii=False, allow_nan=False
+        ).encode()
+    except ValueError as exc:  # UnicodeEncodeError among them: a lone surrogate
+        return _error_body(f"the host could not send the tool's result: {_named(exc)}")
+
+
+def _error_body(reason: str) -> bytes:
+    return json.dumps({"output": reason[:2000], "isError": True}).encode()
+
+
+def _named(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 class _Unavailable(Exception):

@@ -296,3 +296,33 @@ async def test_a_result_the_api_refuses_reaches_the_model_as_an_error_once(
     assert text.startswith("the API refused the result (413)"), text[:200]
     assert [(c, a) for _, c, a, _ in executions(durable, {run_id})] == [("c1", 1)]
     assert host.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("surrogate", "the host could not send the tool's result: UnicodeEncodeError"),
+        ("unprintable", "RuntimeError: this value has no text"),
+    ],
+)
+async def test_a_result_the_host_cannot_send_reaches_the_model_as_an_error_once(
+    api: ApiServer, hosts: Hosts, durable: Durable, eventually: Eventually, command: str,
+    said: str,
+):  # fmt: skip
+    # Given a host whose tool returns what it cannot encode (or turn into text)
+    host, log = hosts.start(api.url)
+
+    # When a run asks it for that output
+    async with api.http(SUBMITTER) as http:
+        res = await http.post("/api/runs", json={"agent": "hosted", "prompt": command})
+    run_id = res.json()["id"]
+
+    # Then the call's result is an error saying why, sent once: the run goes on with it,
+    # the tool ran once, and the host serves on
+    await eventually(lambda: all_done(api, [run_id]), timeout=60, what="the run done")
+    async with api.http(VIEWER) as http:
+        text = (await http.get(f"/api/runs/{run_id}")).json()["text"]
+    assert said in text, text[:300]
+    assert [(c, a) for _, c, a, _ in executions(durable, {run_id})] == [("c1", 1)]
+    assert host.poll() is None
+    assert b"Traceback" not in log.read_bytes()
