@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated
@@ -199,14 +199,16 @@ def refuse_tokens_in_url(request: Request) -> None:
 _bearer = HTTPBearer(auto_error=False, description="An API token from RELAYQ_API_TOKENS")
 
 
-def require(permission: Permission) -> Callable[..., Principal]:
+def require(permission: Permission) -> Callable[..., Awaitable[Principal]]:
     """A dependency that returns the bearer token's principal, or refuses with 401 or 403.
 
     Only the Authorization header counts: a request carrying the inbox's cookie
     alone is a 401, so the cookie can never call the API on the user's behalf.
     """
 
-    def dependency(
+    # A coroutine, though it awaits nothing: FastAPI runs a plain function on its thread
+    # pool, a hop (and at a burst, a new thread) on every request of every route.
+    async def dependency(
         request: Request,
         bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> Principal:

@@ -16,7 +16,7 @@ redirected page says what was done, from a signed, short-lived flash cookie.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -201,10 +201,10 @@ def _session_of(request: Request) -> Principal:
     return who
 
 
-def _session(permission: Permission) -> Callable[..., Principal]:
+def _session(permission: Permission) -> Callable[..., Awaitable[Principal]]:
     """A dependency: the cookie's principal (401), with `permission` (403)."""
 
-    def dependency(request: Request) -> Principal:
+    async def dependency(request: Request) -> Principal:  # async: no thread hop (api._auth)
         who = _session_of(request)
         if not who.may(permission):
             raise forbidden(who, permission)
@@ -213,10 +213,10 @@ def _session(permission: Permission) -> Callable[..., Principal]:
     return dependency
 
 
-def _form(permission: Permission) -> Callable[..., Principal]:
+def _form(permission: Permission) -> Callable[..., Awaitable[Principal]]:
     """As `_session`, for a form post: 403 unless it carries its page's CSRF token."""
 
-    def dependency(request: Request, csrf_token: Annotated[str, Form()] = "") -> Principal:
+    async def dependency(request: Request, csrf_token: Annotated[str, Form()] = "") -> Principal:
         who = _session_of(request)
         if not _signer(request).csrf_valid(request.cookies.get(COOKIE), csrf_token):
             raise HTTPException(403, CSRF_REFUSED)
@@ -227,7 +227,7 @@ def _form(permission: Permission) -> Callable[..., Principal]:
     return dependency
 
 
-def _login_form(request: Request, csrf_token: Annotated[str, Form()] = "") -> None:
+async def _login_form(request: Request, csrf_token: Annotated[str, Form()] = "") -> None:
     """403 for a login post that did not come from the login page this browser was shown."""
     if not _signer(request).csrf_valid(request.cookies.get(LOGIN_COOKIE), csrf_token):
         raise HTTPException(403, CSRF_REFUSED)

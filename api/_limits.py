@@ -130,7 +130,7 @@ async def invalid_body(request: Request, exc: Exception) -> Response:
     return AsciiJSON({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
-def keepable_url(request: Request) -> None:
+async def keepable_url(request: Request) -> None:  # async: no thread hop (api._auth)
     """A path or query value no store can hold (a NUL character: `%00`) is a 422 naming
     it, before any route looks it up; the store refuses what comes in by a body."""
     values = [*request.path_params.items(), *request.query_params.multi_items()]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -53,6 +52,7 @@ from api._metrics import router as metrics_router
 from api._relay import router as relay_router
 from api._routes import router as api_router
 from api._security import SecurityHeaders, Signer, secret_from
+from api._state import Closing
 from relayq import RelayqError
 from relayq.agents import load_agents
 from tasks import DurableClient, Settings
@@ -99,8 +99,7 @@ def create_app(
     app.state.tokens = parsed
     app.state.signer = signer
     app.state.event_streams = 0
-    # Set from a signal handler by `api.server` (hence a thread-safe event, not asyncio's).
-    app.state.closing = threading.Event()
+    app.state.closing = Closing(app.state)
     # A body larger than any answer the store takes is refused before it is read.
     app.add_middleware(BodyLimit, max_bytes=body_limit(settings.max_answer_bytes))
     # Added last, so outermost: its headers go on the 413s above too.

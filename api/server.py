@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from types import FrameType
 
 import uvicorn
 
+from api._state import Closing
 from api.app import create_app
 
 __all__ = ["serve"]
@@ -17,7 +17,7 @@ class _Server(uvicorn.Server):
     long polls then answer at once (`api._state.closing`), where uvicorn would cancel them
     when the grace below ends, and each caller would get a 500."""
 
-    def __init__(self, config: uvicorn.Config, closing: threading.Event) -> None:
+    def __init__(self, config: uvicorn.Config, closing: Closing) -> None:
         super().__init__(config)
         self._closing = closing
 

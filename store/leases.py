@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_
+from sqlalchemy import bindparam, func, or_
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
@@ -45,6 +45,7 @@ __all__ = [
     "heartbeat_lease",
     "lease_calls",
     "lease_result",
+    "offered",
     "release_lease",
 ]
 
@@ -132,10 +133,10 @@ def lease_calls(
     requests whose tool is in `tools` (None: any tool), with no result and no live lease."""
     now = now or utcnow()
     until = now + lease
-    # Hosts look often (on every run announcement, and each second): with nothing to
-    # offer, a read answers, and SQLite's write lock is not taken for it.
-    with db.read() as s:
-        if s.exec(_offer(tools, now, 1, skip_locked=False)).first() is None:
+    # Every lease request looks first: with nothing to offer, a read answers (a statement
+    # built once), and SQLite's write lock is not taken for it.
+    with db.connect() as conn:
+        if conn.execute(_ANY[tools is not None], _params(tools, now)).first() is None:
             return []
     with db.write() as s:
         offered = s.exec(_offer(tools, now, limit, skip_locked=not db.is_sqlite)).all()
@@ -291,28 +292,33 @@ def _holding(
     return lease, call
 
 
+def _offerable(now: Any) -> list[Any]:
+    """What makes a call one a host may lease now."""
+    runs, requests = RunRow, RequestRow
+    return [
+        col(RelayCallRow.answered).is_(False),
+        or_(col(RelayCallRow.lease_until).is_(None), col(RelayCallRow.lease_until) <= now),
+        requests.status == "open",
+        # A deadline that closes the request closes it from that moment on, swept or not.
+        or_(
+            col(requests.expires_at).is_(None),
+            col(requests.expires_at) > now,
+            col(requests.on_expiry).not_in(_CLOSING),
+        ),
+        runs.status == "pending",
+        col(runs.cancel_requested).is_(False),
+    ]
+
+
 def _offer(
     tools: Collection[str] | None, now: datetime, limit: int, *, skip_locked: bool
 ) -> SelectOfScalar[RelayCallRow]:
     """The oldest calls a host may lease now."""
-    runs, requests = RunRow, RequestRow
     query = (
         select(RelayCallRow)
-        .join(requests, col(requests.id) == RelayCallRow.request_id)
-        .join(runs, col(runs.id) == RelayCallRow.run_id)
-        .where(
-            col(RelayCallRow.answered).is_(False),
-            or_(col(RelayCallRow.lease_until).is_(None), col(RelayCallRow.lease_until) <= now),
-            requests.status == "open",
-            # A deadline that closes the request closes it from that moment on, swept or not.
-            or_(
-                col(requests.expires_at).is_(None),
-                col(requests.expires_at) > now,
-                col(requests.on_expiry).not_in(_CLOSING),
-            ),
-            runs.status == "pending",
-            col(runs.cancel_requested).is_(False),
-        )
+        .join(RequestRow, col(RequestRow.id) == RelayCallRow.request_id)
+        .join(RunRow, col(RunRow.id) == RelayCallRow.run_id)
+        .where(*_offerable(now))
         .order_by(col(RelayCallRow.created_at), col(RelayCallRow.request_id))
         .limit(limit)
     )
@@ -322,6 +328,42 @@ def _offer(
         # Hosts racing for calls take different ones rather than waiting on each other.
         query = query.with_for_update(of=RelayCallRow, skip_locked=True)
     return query
+
+
+def offered(
+    db: Database, tools: Collection[str] | None, *, now: datetime | None = None
+) -> dict[str, int]:
+    """How many calls of each of `tools` (None: any tool) a host may lease now, in one
+    read: what the API's lease waits are woken by (`tasks.host.offers`)."""
+    with db.connect() as conn:
+        found = conn.execute(_COUNTS[tools is not None], _params(tools, now or utcnow()))
+        return {name: int(count) for name, count in found}
+
+
+def _params(tools: Collection[str] | None, now: datetime) -> dict[str, Any]:
+    return {"now": now} if tools is None else {"now": now, "tools": sorted(tools)}
+
+
+def _offered(*columns: Any, named: bool) -> Any:
+    """The calls a host may lease at `:now` (of the tools `:tools`, if `named`)."""
+    query = (
+        select(*columns)
+        .join(RequestRow, col(RequestRow.id) == RelayCallRow.request_id)
+        .join(RunRow, col(RunRow.id) == RelayCallRow.run_id)
+        .where(*_offerable(bindparam("now")))
+    )
+    if named:
+        query = query.where(col(RelayCallRow.name).in_(bindparam("tools", expanding=True)))
+    return query
+
+
+# The reads every lease request and every look for waiting ones make, built once: by
+# whether they name tools.
+_ANY = {named: _offered(RelayCallRow.call_id, named=named).limit(1) for named in (False, True)}
+_COUNTS = {
+    named: _offered(RelayCallRow.name, func.count(), named=named).group_by(col(RelayCallRow.name))
+    for named in (False, True)
+}
 
 
 def _arguments(request: RequestRow, call_id: str) -> dict[str, Any]:

@@ -467,11 +467,16 @@ class DurableClient:
         """Lease up to `limit` relay calls of `tools` (None: any) to `holder`, each until
         its `expires_at`: the oldest calls of open requests with no result and no live
         lease. With none to offer, wait up to `wait` seconds for one (woken by the
-        workers' announcements), or until `gone()` says the caller left.
-        """
+        workers' announcements); `gone()`, asked when one is offered, says the caller left
+        (then it leases nothing)."""
         return await self._leases.lease(
             tools=tools, holder=holder, limit=limit, wait=wait, lease=lease, gone=gone
         )
+
+    def stop_lease_waits(self) -> None:
+        """Answer every `lease_calls` waiting now, and every one to come, with no call:
+        the API stopping (its hosts ask the next one). Safe from any thread."""
+        self._leases.stop_waiting()
 
     async def heartbeat_lease(
         self, lease_id: str, *, holder: str, tools: Collection[str] | None = None

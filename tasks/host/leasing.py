@@ -2,16 +2,14 @@
 `lease_result`, `release_lease`): the store's leases (`store.leases`), a long poll woken
 by the workers' announcements, and a result taken as an answer is.
 
-A lease asked for with nothing to offer waits up to `wait` seconds. It is woken by any
-run announcement (`tasks.broker.announce`: a run that settles on a relay request is
-announced as every settled run is), and it looks again at least every `RECHECK`
-seconds, for what no announcement tells: a lease that expired, a call released.
+A lease asked for with nothing to offer waits up to `wait` seconds, until the client's
+`OfferWatch` (`tasks.host.offers`), which looks for every waiting lease at once, on each
+run announcement and every `RECHECK` seconds, finds a call of its tools.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
@@ -21,13 +19,11 @@ from store import Database
 from store.audit import Decider
 from store.leases import Lease, heartbeat_lease, lease_calls, lease_result, release_lease
 from tasks.host.answering import Answering
+from tasks.host.offers import RECHECK, OfferWatch
 from tasks.host.waiting import RunWaiter
 from tasks.storeio import StoreCalls
 
 __all__ = ["RECHECK", "Leasing"]
-
-RECHECK = 1.0
-"""Seconds a waiting lease looks again without an announcement (expired or released calls)."""
 
 
 class Leasing:
@@ -44,6 +40,8 @@ class Leasing:
         self.store = store
         self.answering = answering
         self.waiter = waiter
+        self._watch: OfferWatch | None = None
+        self._stopped = False
 
     async def lease(
         self,
@@ -58,24 +56,50 @@ class Leasing:
         """`DurableClient.lease_calls`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        waiter = self.waiter() if wait > 0 else None
-        while True:
-            # Taken before the look: an announcement during it still wakes the wait after.
-            news = waiter.news() if waiter is not None else None
-            if gone is not None and await gone():
-                return []  # the caller left: what it would lease now would wait out its lease
-            leases = await self.store(
-                lease_calls, self.db, tools=tools, holder=holder, limit=limit, lease=lease
-            )
-            left = deadline - loop.time()
-            if leases or left <= 0:
-                return leases
-            pause = min(left, RECHECK)
-            if news is None:
-                await asyncio.sleep(pause)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(news.wait(), pause)
+        watch = self._watch_here()
+        with watch.waiting(tools) as waits:
+            # A host asks again as soon as it is answered: where the watch has just found
+            # nothing for it, and nothing was announced since, its wait needs no look.
+            fresh = wait > 0 and watch.nothing_for(tools)
+            while True:
+                if fresh:
+                    leases, fresh = [], False
+                else:
+                    leases = await self.store(
+                        lease_calls, self.db, tools=tools, holder=holder, limit=limit,
+                        lease=lease,
+                    )  # fmt: skip
+                if leases or loop.time() >= deadline:
+                    return leases
+                # Woken when a call of its tools is offered (or the API stopping); the
+                # caller, asked then whether it is still there, is asked nothing in
+                # between: a thousand idle hosts cost no wake-up a second. At its bound
+                # it answers with nothing, looking no more: the host's next request looks.
+                left = deadline - loop.time()
+                if not await waits.until_woken(left):
+                    return []
+                if watch.stopping or (gone is not None and await gone()):
+                    return []  # what it would lease now would wait out its lease
+
+    def stop_waiting(self) -> None:
+        """Answer every lease request waiting now, and every one to come, with nothing
+        (the API stopping: its hosts ask the next one); from any thread."""
+        self._stopped = True
+        if self._watch is not None:
+            self._watch.stop()
+
+    def _watch_here(self) -> OfferWatch:
+        """This client's watch on the running loop (a client may outlive a loop)."""
+        if self._watch is None or self._watch.loop is not asyncio.get_running_loop():
+
+            def news() -> asyncio.Event | None:
+                waiter = self.waiter()
+                return None if waiter is None else waiter.news()
+
+            self._watch = OfferWatch(self.db, self.store, news)
+            if self._stopped:
+                self._watch.stop()
+        return self._watch
 
     async def heartbeat(
         self, lease_id: str, *, holder: str, tools: Collection[str] | None

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from api._inbox_views import when
+from tasks.host import offers
 
 from .conftest import APPROVER, SUBMITTER, TOKENS, VIEWER, ApiServer, Durable, Eventually, serve_api
 from .test_api import log_in, settled_run
@@ -220,8 +221,11 @@ async def test_an_unknown_or_malformed_lease_is_refused(api: ApiServer):
 
 
 async def test_a_waiting_host_is_answered_when_a_call_arrives(
-    api: ApiServer, runs: list[str], prompt: str
+    api: ApiServer, runs: list[str], prompt: str, monkeypatch: pytest.MonkeyPatch
 ):
+    # The API looks again on its own only every ten minutes: the run's announcement, and
+    # nothing else, can wake the host within its wait
+    monkeypatch.setattr(offers, "RECHECK", 600.0)
     async with api.http(SHELL_HOST) as host:
         # (sent before the run starts; the run's call opens once the worker's turn ends)
         waiting = asyncio.create_task(lease(host, ["shell"], wait=30, max=1))
