@@ -25,15 +25,21 @@ def add(a: int, b: int) -> str:
     return str(a + b)
 
 
-@server.tool()
-def tally(name: str, ctx: Context) -> str:
-    """Record one execution of the call named `name`, with the key relayq sent."""
-    meta = ctx.request_context.meta or {}
-    key = str(dict(meta).get("relayq/idempotency-key", "-"))
+def record(name: str, ctx: Context) -> None:
+    """One line in `$RELAYQ_TEST_LOG/mcp.log`: `name`, and the key and attempt relayq sent."""
+    meta = dict(ctx.request_context.meta or {})
+    key = str(meta.get("relayq/idempotency-key", "-"))
+    attempt = str(meta.get("relayq/attempt", "-"))
     folder = Path(os.environ.get("RELAYQ_TEST_LOG", "."))
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / "mcp.log").open("a") as log:
-        log.write(f"{name} {key}\n")
+        log.write(f"{name} {key} {attempt}\n")
+
+
+@server.tool()
+def tally(name: str, ctx: Context) -> str:
+    """Record one execution of the call named `name`, with the key relayq sent."""
+    record(name, ctx)
     return f"tallied {name} (pid {os.getpid()})"
 
 
@@ -50,8 +56,9 @@ def ship(order: str) -> str:
 
 
 @server.tool()
-def nap(seconds: float) -> str:
-    """Sleep, then answer."""
+def nap(seconds: float, ctx: Context) -> str:
+    """Record the call's receipt, sleep, then answer."""
+    record("nap", ctx)
     time.sleep(seconds)
     return "rested"
 

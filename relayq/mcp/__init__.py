@@ -8,7 +8,8 @@ apply. A tool named in `relay=` is a relay tool instead: the host runs it.
 
 A server that cannot be reached when a worker starts stops it with one line naming the
 server; one that goes away mid-run is connected to again, and a call it cannot take is
-tried `ATTEMPTS` times, then given to the model as an error result.
+sent up to `SENDS` times, then given to the model as an error result. A call that had no
+reply in time is sent again only for a tool named in `resend=`: it may still be running.
 
 The SDK (`mcp`) is imported only when an agent with MCP servers builds its tools.
 """

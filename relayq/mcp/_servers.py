@@ -34,6 +34,11 @@ class _Common(ABC):
     """How long connecting and listing the tools may take."""
     call_timeout: timedelta
     """How long one call may wait for the server's reply (a silent server is given up on)."""
+    resend: tuple[str, ...]
+    """Tools safe to send again after a send that had no reply within `call_timeout`
+    (their unprefixed names): it may still be running on the server. Any other tool's
+    call that timed out is its error result, sent once; a call that could not be sent,
+    or whose connection ended under it, is sent again whatever the tool."""
     wrap: Callable[[Tool], Tool] | None
     """A policy around each tool the server lists, as offered (say `requires_approval`
     for some of them); None: the tools as they are."""
@@ -45,10 +50,11 @@ class _Common(ABC):
         connect_timeout: timedelta,
         call_timeout: timedelta,
         wrap: Callable[[Tool], Tool] | None,
+        resend: Sequence[str],
     ) -> None:
         """Set the options both kinds of server take, and check them."""
-        _set(self, name=name, relay=_names(relay), connect_timeout=connect_timeout)
-        _set(self, call_timeout=call_timeout, wrap=wrap)
+        _set(self, name=name, relay=_names(relay, "relay"), connect_timeout=connect_timeout)
+        _set(self, call_timeout=call_timeout, wrap=wrap, resend=_names(resend, "resend"))
         if self.name is not None and not _PREFIX.match(self.name):
             raise ToolkitError(
                 f"MCP server name {self.name!r} must be 1-32 letters, digits, '_' or '-'"
@@ -101,11 +107,12 @@ class MCPServerHTTP(_Common):
         connect_timeout: timedelta = _CONNECT,
         call_timeout: timedelta = _CALL,
         wrap: Callable[[Tool], Tool] | None = None,
+        resend: Sequence[str] = (),
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ToolkitError(f"MCP server URL must start with http:// or https://, not {url!r}")
         _set(self, url=url, headers=tuple(sorted((headers or {}).items())))
-        self._settle(name, relay, connect_timeout, call_timeout, wrap)
+        self._settle(name, relay, connect_timeout, call_timeout, wrap, resend)
 
     @property
     def where(self) -> str:
@@ -147,12 +154,13 @@ class MCPServerStdio(_Common):
         connect_timeout: timedelta = _CONNECT,
         call_timeout: timedelta = _CALL,
         wrap: Callable[[Tool], Tool] | None = None,
+        resend: Sequence[str] = (),
     ) -> None:
         if not isinstance(command, str) or not command:
             raise ToolkitError(f"MCP server command must be a program, not {command!r}")
         _set(self, command=command, args=tuple(args), env=tuple(sorted((env or {}).items())))
         _set(self, cwd=None if cwd is None else str(cwd))
-        self._settle(name, relay, connect_timeout, call_timeout, wrap)
+        self._settle(name, relay, connect_timeout, call_timeout, wrap, resend)
 
     @property
     def where(self) -> str:
@@ -165,11 +173,11 @@ class MCPServerStdio(_Common):
 MCPServer: TypeAlias = MCPServerHTTP | MCPServerStdio
 
 
-def _names(relay: Sequence[str]) -> tuple[str, ...]:
+def _names(names: Sequence[str], option: str) -> tuple[str, ...]:
     # A lone name would be a list of its letters to `tuple()`: refused, not split.
-    if isinstance(relay, str) or not all(isinstance(n, str) for n in relay):
-        raise ToolkitError(f"MCP server relay must be a list of tool names, not {relay!r}")
-    return tuple(relay)
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ToolkitError(f"MCP server {option} must be a list of tool names, not {names!r}")
+    return tuple(names)
 
 
 def _set(obj: object, **values: object) -> None:

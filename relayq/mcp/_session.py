@@ -66,7 +66,10 @@ class Session:
         except Exception as exc:
             await self._drop(opened)
             if isinstance(exc, TimeoutError):
-                raise MCPError(f"no reply in {timeout:g} s", self.server.label) from None
+                # It may still be running there: sent again, it would run twice at once.
+                raise MCPError(f"no reply in {timeout:g} s", self.server.label, True) from None
+            # A connection that ended took the call with it (the server's process, or its
+            # session, is gone): sent again, the key lets the server tell the two apart.
             raise MCPError(_brief(exc), self.server.label) from exc
 
     async def aclose(self) -> None:

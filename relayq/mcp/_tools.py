@@ -18,12 +18,12 @@ from relayq.mcp._servers import MCPServer
 from relayq.mcp._session import Listing, session_of
 from relayq.retry import backoff
 
-__all__ = ["ATTEMPTS", "listed_tools"]
+__all__ = ["SENDS", "listed_tools"]
 
 log = logging.getLogger("relayq.mcp")
 
-ATTEMPTS = 4
-"""Tries of a call whose server cannot be reached, before the model gets an error result:
+SENDS = 4
+"""Sends of a call whose server cannot be reached, before the model gets an error result:
 3.5 to 7 s of backoff in all, long enough for a server's restart."""
 
 _LAST: dict[int, tuple[MCPServer, Listing]] = {}
@@ -49,12 +49,13 @@ async def listed_tools(server: MCPServer) -> tuple[Listing, list[Tool]]:
 
 def _as_tools(server: MCPServer, listing: Listing) -> list[Tool]:
     names = {t.name for t in listing.tools}
-    unknown = [n for n in server.relay if n not in names]
-    if unknown:
-        raise ToolkitError(
-            f"MCP server {server.label} lists no tool {', '.join(map(repr, unknown))} "
-            f"that relay= names (it lists {', '.join(sorted(names)) or 'none'})"
-        )
+    for option, named in (("relay", server.relay), ("resend", server.resend)):
+        unknown = [n for n in named if n not in names]
+        if unknown:
+            raise ToolkitError(
+                f"MCP server {server.label} lists no tool {', '.join(map(repr, unknown))} "
+                f"that {option}= names (it lists {', '.join(sorted(names)) or 'none'})"
+            )
     tools = [_as_tool(server, listed) for listed in listing.tools]
     return tools if server.wrap is None else [_wrapped(server, tool) for tool in tools]
 
@@ -93,15 +94,24 @@ def _as_tool(server: MCPServer, listed: mcp_types.Tool) -> Tool:
 
 
 async def _call(server: MCPServer, tool: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    # The server may make the call's effect happen once by the key (`ToolContext`).
-    meta = {"relayq/idempotency-key": ctx.idempotency_key, "relayq/attempt": ctx.attempt}
-    for attempt in range(ATTEMPTS):
+    """Send the call; again, after a backoff, while it never left (the server away), and
+    after a send that may have reached the server only for a tool declared safe to resend
+    (`resend=`): a call that timed out may have run, and its effect may not be made twice."""
+    for send in range(1, SENDS + 1):
+        # The server may make the call's effect happen once by the key (`ToolContext`); each
+        # send carries an attempt of its own (a worker's retry of the call counts on).
+        attempt = (ctx.attempt - 1) * SENDS + send
+        meta = {"relayq/idempotency-key": ctx.idempotency_key, "relayq/attempt": attempt}
         try:
             result = await (await session_of(server)).call(tool, args, meta)
         except MCPError as exc:
-            if attempt + 1 == ATTEMPTS:
-                return ToolResult.error(f"{exc} (tried {ATTEMPTS} times)")
-            await asyncio.sleep(backoff(attempt, None, base=1.0, cap=4.0))
+            if exc.sent and tool not in server.resend:
+                return ToolResult.error(
+                    f"{exc} (sent once: it may have run; {tool!r} is not declared safe to resend)"
+                )
+            if send == SENDS:
+                return ToolResult.error(f"{exc} (tried {SENDS} times)")
+            await asyncio.sleep(backoff(send - 1, None, base=1.0, cap=4.0))
         else:
             return _as_result(result)
     raise AssertionError("unreachable")

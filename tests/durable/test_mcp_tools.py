@@ -83,7 +83,7 @@ async def test_a_batch_uses_an_http_and_a_stdio_server_and_finishes_across_a_res
     keyed = [line for line in tallies(spare) if line.startswith(tag)]
     called = {line.split()[0] for line in keyed}
     assert called == {f"{tag}-{i}/{side}" for i in range(RUNS) for side in ("web", "box")}
-    assert all(re.fullmatch(rf"{tag}-\d+/(web|box) run_\w+:1:[wb]", line) for line in keyed)
+    assert all(re.fullmatch(rf"{tag}-\d+/(web|box) run_\w+:1:[wb] \d+", line) for line in keyed)
 
 
 async def _run_ids(client: DurableClient, batch_id: str) -> list[str]:

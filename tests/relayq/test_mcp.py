@@ -26,7 +26,7 @@ from relayq import (
 from relayq.agents import AgentError
 from relayq.approvals import approve, requires_approval
 from relayq.mcp import MCPError, MCPServerHTTP, MCPServerStdio, check_servers
-from relayq.mcp._tools import ATTEMPTS
+from relayq.mcp._tools import SENDS
 from tests.mcp_processes import ROOT, MCPServerProcess, stdio_args
 from tests.ports import free_port
 
@@ -84,13 +84,51 @@ async def test_an_agent_offers_the_tools_of_an_http_and_a_stdio_server_under_the
     assert (web.output, web.is_error, box.output) == ("42", False, "2")
 
 
-async def test_a_call_sends_its_idempotency_key_and_runs_once(tmp_path: Path):
+async def test_a_call_sends_its_idempotency_key_and_an_attempt_of_its_own(tmp_path: Path):
     toolkit = await agent(stdio(tmp_path)).toolkit()
 
-    result = await call(toolkit, "tally", {"name": "first"}, attempt=2)
+    # The call's first execution, then its second (a worker died before its result was kept)
+    first = await call(toolkit, "tally", {"name": "first"}, attempt=1)
+    again = await call(toolkit, "tally", {"name": "first"}, attempt=2)
 
-    assert result.output.startswith("tallied first")
-    assert (tmp_path / "mcp.log").read_text() == "first run_x:1:call_1\n"
+    # Each send carries the call's key, the same, and an attempt of its own
+    assert first.output.startswith("tallied first")
+    assert again.output.startswith("tallied first")
+    assert (tmp_path / "mcp.log").read_text().splitlines() == [
+        "first run_x:1:call_1 1",
+        f"first run_x:1:call_1 {SENDS + 1}",
+    ]
+
+
+async def test_a_call_that_timed_out_is_not_sent_again(tmp_path: Path):
+    toolkit = await agent(stdio(tmp_path, call_timeout=timedelta(seconds=0.5))).toolkit()
+
+    result = await call(toolkit, "nap", {"seconds": 3})
+
+    # The server got it once: it may have run, so the model is told, not the server again
+    assert result.is_error
+    assert "not declared safe to resend" in result.output
+    assert (tmp_path / "mcp.log").read_text().splitlines() == ["nap run_x:1:call_1 1"]
+
+
+async def test_a_tool_declared_safe_to_resend_is_sent_again_each_send_its_own_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr("relayq.mcp._tools.backoff", lambda *_, **__: 0.0)
+    server = stdio(tmp_path, call_timeout=timedelta(seconds=0.5), resend=["nap"])
+    toolkit = await agent(server).toolkit()
+
+    result = await call(toolkit, "nap", {"seconds": 3})
+
+    assert result.is_error
+    assert f"tried {SENDS} times" in result.output
+    sends = (tmp_path / "mcp.log").read_text().splitlines()
+    assert sends == [f"nap run_x:1:call_1 {n}" for n in range(1, SENDS + 1)]
+
+
+async def test_resend_names_a_tool_the_server_lists(tmp_path: Path):
+    with pytest.raises(ToolkitError, match="lists no tool 'nope' that resend= names"):
+        await agent(stdio(tmp_path, resend=["nope"])).toolkit()
 
 
 async def test_an_error_the_server_reports_is_an_error_result(tmp_path: Path):
@@ -166,7 +204,7 @@ async def test_a_server_that_stays_away_gives_an_error_result_after_its_tries(
 
     assert result.is_error
     assert "MCP server 'gone'" in result.output
-    assert f"tried {ATTEMPTS} times" in result.output
+    assert f"tried {SENDS} times" in result.output
     assert again.get("gone_add") is not None
     assert "its tools as last listed are offered" in caplog.text
 
@@ -174,7 +212,7 @@ async def test_a_server_that_stays_away_gives_an_error_result_after_its_tries(
 async def test_a_call_the_server_never_answers_is_given_up_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr("relayq.mcp._tools.ATTEMPTS", 1)  # the bound, not the retries
+    monkeypatch.setattr("relayq.mcp._tools.SENDS", 1)  # the bound, not the retries
     toolkit = await agent(stdio(tmp_path, call_timeout=timedelta(seconds=0.5))).toolkit()
 
     result = await call(toolkit, "nap", {"seconds": 30})
