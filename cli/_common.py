@@ -184,9 +184,10 @@ def _unsent_warning(current: Settings) -> Callable[[list[OutboxRow]], None]:
     return say
 
 
-def age_of(text: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `3d`, `1w`: the store's one reading of an age (`store.age_of`)."""
+def age_of(text: str, flag: str = "--older-than") -> timedelta:
+    """`90s`, `15m`, `2h`, `3d`, `1w`: the store's one reading of an age (`store.age_of`),
+    a one-line error naming `flag` if it is none (or over a century)."""
     try:
-        return read_age(text)
+        return read_age(text, flag)
     except BadQuery as exc:
         fail(str(exc))

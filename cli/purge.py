@@ -45,7 +45,7 @@ def purge(
     and a batch with its last run. The audit trail stays. A few runs a transaction,
     beside live work; a run that is queued, running or waiting is never touched.
     """
-    before = datetime.now(UTC) - age_of(finished_before)
+    before = datetime.now(UTC) - age_of(finished_before, "--finished-before")
     if export is not None and dry_run:
         fail("--dry-run writes nothing and removes nothing: leave out --export, or --dry-run")
     current = settings()

@@ -289,6 +289,11 @@ def _holding(
     if request is None or request.status != "open" or run is None or run.status != "pending":
         status = "gone" if request is None else request.status
         raise LeaseLost(lease_id, "ended", f"{what} ended: its request is {status}")
+    # A deadline that closes the request closes it from that moment on, swept or not.
+    closes = request.on_expiry in _CLOSING and request.expires_at is not None
+    if closes and request.expires_at is not None and request.expires_at <= now:
+        when = request.expires_at.isoformat()
+        raise LeaseLost(lease_id, "ended", f"{what} ended: its request expired at {when}")
     return lease, call
 
 

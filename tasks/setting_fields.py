@@ -82,14 +82,15 @@ def age(key: str, value: Any) -> timedelta | None:
     raw = str(value).strip().lower()
     if raw in ("off", "none", "0"):
         return None
-    if raw.isdigit():
-        return _duration(key, raw)
     try:
-        read = age_of(raw, key)
+        read = age_of(f"{raw}s" if raw.isdigit() else raw, key)
     except BadQuery:
         read = timedelta(0)
     if read <= timedelta(0):
-        raise ValueError(f"{key} must be an age such as 30d, 12h or 90m, or off; not {value!r}")
+        raise ValueError(
+            f"{key} must be an age such as 30d, 12h or 90m (at most a century), or off; "
+            f"not {value!r}"
+        )
     return read
 
 

@@ -158,6 +158,20 @@ async def test_a_lease_past_its_time_takes_no_result_heartbeat_or_release(db: Da
     assert get_request(db, request_id).answer is None
 
 
+async def test_a_lease_of_a_request_past_its_deadline_takes_no_heartbeat_result_or_release(
+    db: Database,
+):
+    # Given a call leased for a minute, of a request whose deadline is in 5 s (not swept)
+    request_id = await halted(db, ("c1", "shell"), ttl=timedelta(seconds=5))
+    [held] = lease(db, ["shell"])
+    past_deadline = utcnow() + timedelta(seconds=10)
+    assert past_deadline < held.expires_at
+
+    # Then past the deadline, the lease ends with its request, whatever the sweep did
+    assert refusals(db, held.lease_id, past_deadline) == ["ended"] * 3
+    assert get_request(db, request_id).answer is None
+
+
 async def test_a_heartbeat_extends_the_lease_by_its_length(db: Database):
     await halted(db, ("c1", "shell"))
     [held] = lease(db, ["shell"])

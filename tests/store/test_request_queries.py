@@ -518,3 +518,11 @@ def test_an_age_narrows_the_creation_bounds_a_query_has_and_never_widens_them():
     assert (narrowed.created_before, narrowed.created_after) == (now - hour, now - day)
     # ... and no age changes nothing
     assert loose.aged(now=now) == loose
+
+
+@pytest.mark.parametrize("text", ["36501d", "99999999d", "999999999w", "999999999h"])
+def test_an_age_past_a_century_is_refused_where_it_is_given(text: str):
+    assert age_of("36500d") == timedelta(days=36500)
+    with pytest.raises(BadQuery, match="over a century") as refused:
+        age_of(text, "older_than")
+    assert refused.value.field == "older_than"

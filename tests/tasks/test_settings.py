@@ -120,10 +120,19 @@ def test_retention_reads_an_age_or_off(given, kept):
     assert Settings.from_env({"RELAYQ_RETENTION": given}).recovery.retention == kept
 
 
-@pytest.mark.parametrize("given", ["soon", "-1d", "30x", "d"])
+@pytest.mark.parametrize(
+    "given", ["soon", "-1d", "30x", "d", "99999999d", "999999999w", "36501d", "99999999999"]
+)
 def test_a_retention_that_is_no_age_is_refused_naming_the_variable(given):
     with pytest.raises(ValueError, match="RELAYQ_RETENTION must be an age"):
         Settings.from_env({"RELAYQ_RETENTION": given})
+
+
+@pytest.mark.parametrize("variable", ["RELAYQ_WEBHOOK_RETENTION", "RELAYQ_AUDIT_RETENTION"])
+def test_every_age_setting_is_bounded_at_a_century(variable: str):
+    assert Settings.from_env({variable: "36500d"}) is not None
+    with pytest.raises(ValueError, match=f"{variable} must be an age"):
+        Settings.from_env({variable: "99999999d"})
 
 
 def test_webhook_events_are_kept_a_week_and_the_audit_trail_for_good_unless_told():
