@@ -16,8 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlmodel import col, select
 
 from bench.hanging_proxy import HangingProxy
+from store import Database, RunRow
 from tasks import DurableClient, Settings
 from tasks.broker.publish import sender_app
 from tests.brokers import PrivateRedis
@@ -249,9 +251,12 @@ async def test_a_worker_whose_store_stays_silent_gives_its_runs_to_another_worke
             run_ids = await client.start_many("outlast", [f"cut off {i}" for i in range(40)])
             await eventually(lambda: in_flight(client.db, run_ids) >= 20, what="runs in flight")
 
-            # When A's store goes silent for good: old connections and new ones alike
+            # When A's store goes silent for good: old connections and new ones alike,
+            # while it holds runs mid-turn
+            await eventually(lambda: held_by(client.db, part.worker), what="A holding runs")
             part.proxy.black_hole()
             silent_at = time.monotonic()
+            held = held_by(client.db, part.worker)
             after = await client.start_many("outlast", [f"later {i}" for i in range(10)])
 
             # Then A, alive but cut off, beats no more, and B takes its runs over: every
@@ -263,11 +268,27 @@ async def test_a_worker_whose_store_stays_silent_gives_its_runs_to_another_worke
             await eventually(lambda: all_finished(client.db, every), timeout=90, what="all done")
             print(f"{len(every)} runs done {time.monotonic() - silent_at:.1f} s after the silence")
             check_runs(client.db, tmp_path / "log", every)
+            # ... the runs A held among them, each taken over by B (a crash counted)
+            assert held, "A held no run when its store went silent"
+            with client.db.read() as s:
+                taken = s.exec(select(RunRow).where(col(RunRow.id).in_(held))).all()
+            assert {r.id: r.status for r in taken} == dict.fromkeys(held, "done")
+            assert all(r.crashes >= 1 for r in taken), [(r.id, r.crashes) for r in taken]
             for worker in (part.worker, other):
                 assert worker.proc is not None
                 assert worker.proc.poll() is None
         finally:
             other.stop()
+
+
+def held_by(db: Database, worker: Worker) -> list[str]:
+    """The runs `worker`'s process holds mid-turn now (its id is `host:pid:random`)."""
+    assert worker.proc is not None
+    with db.read() as s:
+        holding = select(RunRow.id).where(
+            RunRow.status == "running", col(RunRow.worker).like(f"%:{worker.proc.pid}:%")
+        )
+        return list(s.exec(holding))
 
 
 @pytest.mark.postgres

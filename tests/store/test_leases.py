@@ -342,8 +342,11 @@ async def test_a_lapsed_released_or_answered_lease_is_no_hold(db: Database):
 
 
 async def test_a_request_no_host_holds_shows_no_hold_and_costs_no_query(db: Database):
-    # Given an open relay request no host leased, and the listing's statements counted
+    # Given an open relay request no host leased, an answered one, and the listing's
+    # statements counted
     await halted(db, ("c1", "shell"))
+    done = await halted(db, ("d1", "shell"), run_id="run_2")
+    accept_answer(db, relay_answer(done, [RelayResult(id="d1", output="done")]))
     statements: list[str] = []
 
     def count(conn: object, cursor: object, statement: str, *_: object) -> None:
@@ -353,9 +356,11 @@ async def test_a_request_no_host_holds_shows_no_hold_and_costs_no_query(db: Data
     try:
         # When its answered and open listings are read
         [shown] = query_requests(db).items
-        query_requests(db, RequestQuery(status="answered"))
+        [answered] = query_requests(db, RequestQuery(status="answered")).items
     finally:
         event.remove(db.engine, "before_cursor_execute", count)
-    # Then it has no holds; and only a page holding an open relay request looked for any
-    assert shown.holds == []
+    # Then neither has holds; and only the page holding an open relay request looked for
+    # any: the page of an answered one (no host can hold its calls) did not
+    assert shown.holds == answered.holds == []
+    assert answered.request.id == done
     assert sum("relayq_relay_calls" in s for s in statements) == 1

@@ -5,6 +5,7 @@ given back."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import json
 import os
 import stat
@@ -262,7 +263,13 @@ async def test_on_sqlite_a_purge_leaves_the_write_lock_free_between_its_transact
         if id(conn) in began:
             happened.append(("transaction", time.monotonic() - began.pop(id(conn))))
 
-    monkeypatch.setattr(retention, "_sleep", lambda seconds: happened.append(("pause", seconds)))
+    free_at_pauses: list[bool] = []
+
+    def pause(seconds: float) -> None:
+        happened.append(("pause", seconds))
+        free_at_pauses.append(write_lock_free(db))
+
+    monkeypatch.setattr(retention, "_sleep", pause)
     sqlalchemy.event.listen(engine, "begin", begin)
     sqlalchemy.event.listen(engine, "commit", commit)
     try:
@@ -284,6 +291,25 @@ async def test_on_sqlite_a_purge_leaves_the_write_lock_free_between_its_transact
         if kind == "pause":
             assert happened[at - 1][0] == happened[at + 1][0] == "transaction", kinds
             assert seconds >= retention.PAUSE * happened[at - 1][1]
+    # ... and in each pause another process could have taken the write lock at once
+    assert free_at_pauses
+    assert all(free_at_pauses), free_at_pauses
+
+
+def write_lock_free(db: Database) -> bool:
+    """Whether SQLite's write lock can be taken this instant, from a connection of its own
+    (as another process's would be): BEGIN IMMEDIATE with no wait."""
+    path = db.engine.url.database
+    assert path is not None
+    probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:  # database is locked
+        return False
+    finally:
+        probe.close()
 
 
 def test_on_sqlite_each_chunk_is_found_by_the_runs_time_and_the_requests_run(lite: Database):
