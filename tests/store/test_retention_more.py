@@ -5,9 +5,9 @@ given back."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import json
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
