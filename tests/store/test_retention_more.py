@@ -11,6 +11,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,53 @@ async def test_a_purge_of_runs_and_a_sweep_of_events_racing_over_the_same_rows_b
         assert s.exec(select(RunRow.id)).all() == []
         assert s.exec(select(EventRow.id)).all() == []
         assert s.exec(select(DeliveryAttemptRow.id)).all() == []
+
+
+async def test_a_purge_of_runs_meeting_a_sweep_that_locked_their_events_waits_for_it(
+    pg: Database, monkeypatch: pytest.MonkeyPatch
+):
+    # Given a run finished 40 days ago whose event (delivered) a sweep of the events has
+    # locked, and holds there: the interleaving in which the two deadlocked
+    db = pg
+    await finished_run(db, "run_met")
+    with db.write() as s:
+        s.execute(update(DeliveryRow).values(state="delivered"))
+    locked, go = threading.Event(), threading.Event()
+    drop_events = retention._drop_events
+
+    def held_by_the_sweep(*args: Any, **kw: Any) -> None:
+        if threading.current_thread().name == "sweep" and not locked.is_set():
+            locked.set()  # its events are locked, its deliveries not yet removed
+            go.wait(30)
+        drop_events(*args, **kw)
+
+    monkeypatch.setattr(retention, "_drop_events", held_by_the_sweep)
+    failed: list[BaseException] = []
+
+    def run(target: Any, *args: Any) -> None:
+        try:
+            target(db, *args)
+        except BaseException as exc:  # the test reads it
+            failed.append(exc)
+
+    sweep = threading.Thread(target=run, args=(purge_events, utcnow() - 7 * DAY), name="sweep")
+    purge = threading.Thread(target=run, args=(purge_finished, utcnow() - 30 * DAY))
+    sweep.start()
+    assert await asyncio.to_thread(locked.wait, 30)
+
+    # When the purge of runs meets those events, and the sweep then goes on
+    purge.start()
+    await asyncio.sleep(1.5)  # the purge reaches the events: it waits for their lock
+    go.set()
+    await asyncio.to_thread(sweep.join, 60)
+    await asyncio.to_thread(purge.join, 60)
+
+    # Then both finish, neither a deadlock's victim, and nothing of the run is left
+    assert not failed, failed
+    with db.read() as s:
+        assert s.exec(select(RunRow.id)).all() == []
+        assert s.exec(select(EventRow.id)).all() == []
+        assert s.exec(select(DeliveryRow.id)).all() == []
 
 
 async def test_on_sqlite_a_purge_leaves_the_write_lock_free_between_its_transactions(
