@@ -106,8 +106,7 @@ class BatchQueues(bootsteps.StartStopStep):
         """The thread: what the store says, handed to the consumer's thread."""
         while True:
             try:
-                with no_fork_meanwhile():
-                    wanted = set(active_batch_queues(self._database(), under=self.bases))
+                wanted = self.active()
             except Exception as exc:
                 log.warning(
                     "could not read the active batches (again in %g s): %s: %s",
@@ -123,6 +122,13 @@ class BatchQueues(bootsteps.StartStopStep):
             self._look.clear()
             if self._stop.is_set():
                 return
+
+    def active(self) -> set[str]:
+        """The queues of the store's active batches under this worker's queues, read with
+        no fork of this process meanwhile (`workers.forks`): a prefork pool's child forked
+        while this thread is inside the store's library would hang."""
+        with no_fork_meanwhile():
+            return set(active_batch_queues(self._database(), under=self.bases))
 
     def look_now(self) -> None:
         """Look at the store's active batches now rather than at the next poll."""
