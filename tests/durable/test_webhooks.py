@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+
 from relayq.relay import answer_output
 from store import Database
 from store.models import EventRow
@@ -94,6 +96,7 @@ async def test_a_workers_webhooks_carry_a_runs_events_signed_and_as_slack_lines(
     assert "`lookup` for agent `lookup`" in text
 
 
+@pytest.mark.timeout(240)
 async def test_a_receiver_down_for_a_while_gets_every_event_once_it_is_up(
     spare_workers: SpareWorkers, eventually: Eventually, prompt: str, private_database: str
 ):
@@ -116,7 +119,8 @@ async def test_a_receiver_down_for_a_while_gets_every_event_once_it_is_up(
             log = [a for e in expected for a in delivery_log(db, event_id=e, endpoint=name)]
             return all(sum(a.event_id == e for a in log) >= 2 for e in expected)
 
-        await eventually(tried_twice, what="two failed attempts of each event")
+        # (a new worker's start and its backoffs: over 30 s once, beside a full suite)
+        await eventually(tried_twice, timeout=90, what="two failed attempts of each event")
         assert all(a.error and a.status is None for a in delivery_log(db, endpoint=name))
 
         # And then it comes up, answering 500 to each event's first delivery
@@ -125,7 +129,7 @@ async def test_a_receiver_down_for_a_while_gets_every_event_once_it_is_up(
             def taken() -> set[str]:
                 return {r.event_id for r in receiver.got() if r.status == 200} & expected
 
-            await eventually(lambda: taken() == expected, what="every event, once up")
+            await eventually(lambda: taken() == expected, timeout=90, what="every event, once up")
             got = [r for r in receiver.got() if r.event_id in expected]
 
         # Then nothing was lost, and each repeat carries the same event id and body
