@@ -20,7 +20,7 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 from relayq.approvals import approve, edit
-from store import decisions_of
+from store import StoredRequest, decisions_of
 from store.audit import Decider
 from store.queries import run_view
 from tasks import DurableClient, Settings
@@ -183,39 +183,32 @@ async def _waiting(client, task_id: str) -> Task | None:
     return task if task.status == "working" and task.status_message else None
 
 
-async def test_without_tasks_an_approval_is_never_asked_of_its_starter_and_a_retry_waits(
+async def test_without_tasks_an_approval_is_never_asked_of_its_starter_and_the_call_waits(
     served: Served,
 ):
     async with connected(served.urls[0], SUBMITTER, tasks=False) as client:
-        arguments = {"prompt": f"release, round trips {uuid.uuid4().hex}"}
-        asked = await client.session.call_tool("run_gated", arguments, allow_input_required=True)
-        # The run waits on its approval: the call answers with a state alone, asking nothing
-        assert isinstance(asked, types.InputRequiredResult)
-        assert not asked.input_requests
-        assert asked.request_state is not None
+        # Given a call whose run comes to wait on its approval (the call started the run, so
+        # it is held by the server by the time the approval is open)
+        arguments = {"prompt": f"release, held {uuid.uuid4().hex}"}
+        call = asyncio.create_task(
+            client.session.call_tool("run_gated", arguments, allow_input_required=True)
+        )
         async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
-            mine = [r for r in await python.runs("pending", agent="gated") if r.started_by == "sam"]
-            (run,) = [r for r in mine if await _prompt_of(python, r.id) == arguments["prompt"]]
-            (stored,) = await python.requests("open", run_id=run.id)
 
-        # When the client retries with an edit keyed by the approval's id, while an
-        # approver approves it as the model asked
-        edit_it = {"decision": "edit", "arguments": json.dumps({"service": "db"})}
-        responses: dict[str, types.InputResponse] = {
-            stored.request.id: types.ElicitResult(action="accept", content=edit_it)
-        }
-        retry = asyncio.create_task(
-            client.session.call_tool(
-                "run_gated", arguments, input_responses=responses,
-                request_state=asked.request_state, allow_input_required=True,
-            )
-        )  # fmt: skip
-        await asyncio.sleep(1.5)
-        assert not retry.done(), "the retry waits for the approver, it does not spin"
-        await decide_as_an_approver(served, run.id, approve)
-        done = await asyncio.wait_for(retry, 30)
+            async def waiting() -> StoredRequest | None:
+                for run in await python.runs("pending", agent="gated"):
+                    if await _prompt_of(python, run.id) == arguments["prompt"]:
+                        found = await python.requests("open", run_id=run.id)
+                        return found[0] if found else None
+                return None
 
-    # Then the held retry ends with the run's end, and the starter's edit was never applied
+            stored = await poll(waiting, what="the run waiting on its approval")
+
+        # When an approver approves it elsewhere
+        await decide_as_an_approver(served, stored.run_id, approve)
+        done = await asyncio.wait_for(call, 30)
+
+    # Then the call, which asked its starter nothing, ends with the run
     assert isinstance(done, types.CallToolResult)
     assert done.content[0].text == "released web"  # type: ignore[union-attr]
     async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:

@@ -281,7 +281,11 @@ async def test_a_purge_of_runs_meeting_a_sweep_that_locked_their_events_waits_fo
 
     # When the purge of runs meets those events, and the sweep then goes on
     purge.start()
-    await asyncio.sleep(1.5)  # the purge reaches the events: it waits for their lock
+    # (it reaches the events and waits: for their lock, or, without it, for their rows)
+    deadline = time.monotonic() + 30
+    while not waiting_on_a_lock(db):
+        assert time.monotonic() < deadline, "the purge never met the sweep's lock"
+        await asyncio.sleep(0.02)
     go.set()
     await asyncio.to_thread(sweep.join, 60)
     await asyncio.to_thread(purge.join, 60)
@@ -342,6 +346,18 @@ async def test_on_sqlite_a_purge_leaves_the_write_lock_free_between_its_transact
     # ... and in each pause another process could have taken the write lock at once
     assert free_at_pauses
     assert all(free_at_pauses), free_at_pauses
+
+
+def waiting_on_a_lock(db: Database) -> bool:
+    """Whether a session of this PostgreSQL database waits for a lock another holds."""
+    with db.connect() as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+        ).scalar()
+    return bool(waiting)
 
 
 def write_lock_free(db: Database) -> bool:
