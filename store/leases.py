@@ -290,9 +290,9 @@ def _holding(
         status = "gone" if request is None else request.status
         raise LeaseLost(lease_id, "ended", f"{what} ended: its request is {status}")
     # A deadline that closes the request closes it from that moment on, swept or not.
-    closes = request.on_expiry in _CLOSING and request.expires_at is not None
-    if closes and request.expires_at is not None and request.expires_at <= now:
-        when = request.expires_at.isoformat()
+    deadline = request.expires_at if request.on_expiry in _CLOSING else None
+    if deadline is not None and deadline <= now:
+        when = deadline.isoformat()
         raise LeaseLost(lease_id, "ended", f"{what} ended: its request expired at {when}")
     return lease, call
 
