@@ -36,6 +36,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
+from fastapi.telemetry import TelemetryConfig
 
 from api._access import install as hide_secrets_from_access_log
 from api._approvals import router as approvals_router
@@ -56,6 +57,7 @@ from api._state import Closing
 from relayq import RelayqError
 from relayq.agents import load_agents
 from tasks import DurableClient, Settings
+from tasks.observability.tracing import enabled as tracing_enabled
 
 __all__ = ["create_app"]
 
@@ -95,6 +97,7 @@ def create_app(
         summary="Durable runs of LLM agents, and the requests they wait on.",
         lifespan=lifespan,
         dependencies=[Depends(keepable_url)],
+        telemetry=_telemetry(),
     )
     app.state.tokens = parsed
     app.state.signer = signer
@@ -106,10 +109,11 @@ def create_app(
     app.add_middleware(SecurityHeaders, docs_paths=_docs_paths(app))
     app.add_exception_handler(RequestValidationError, invalid_body)
     app.add_exception_handler(RelayqError, refused)
+    # First: the routes are matched in order, and the hosts' long polls are most requests.
+    app.include_router(relay_router)
     app.include_router(api_router)
     app.include_router(approvals_router)
     app.include_router(batches_router)
-    app.include_router(relay_router)
     app.include_router(inbox_router)
     app.include_router(inbox_lists_router)
     app.include_router(inbox_pages_router)
@@ -119,6 +123,15 @@ def create_app(
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _document_refusals(app)
     return app
+
+
+def _telemetry() -> TelemetryConfig:
+    """FastAPI's own OpenTelemetry spans and metrics of each request, with relayq's traces
+    (`RELAYQ_OTEL`, `tasks.observability.tracing`): off unless asked for, as those are.
+    Left on, it asks OpenTelemetry at every request whether it was set up since (a
+    tenth of what a relay host's idle long poll costs the API)."""
+    on = tracing_enabled()
+    return {"tracing": on, "metrics": on, "logs": on}
 
 
 def _document_refusals(app: FastAPI) -> None:

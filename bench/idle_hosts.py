@@ -2,6 +2,7 @@
 
     python -m bench.idle_hosts                      # 1,000 idle hosts, SQLite and PostgreSQL
     python -m bench.idle_hosts --against HEAD~6     # beside the code of another commit
+    python -m bench.idle_hosts --pure               # beside uvicorn's pure-Python parts
 
 For each store and each code (this checkout, and `--against`'s commit in a worktree of
 its own), one `relayq api` process on a store of 2,000 queued runs, measured twice for
@@ -11,6 +12,8 @@ seconds and asked again as soon as it is answered): first alone, for the API pro
 CPU (a share of one core, from /proc), then beside a viewer listing `GET
 /api/runs?limit=50` one request after another, for its p50 and p99 and their ratio to
 no hosts. The last columns say how long past its bound each wait ended (p50, worst).
+`--pure` measures this checkout a second time with uvicorn's pure-Python HTTP parser
+and event loop (h11 and asyncio, as without httptools and uvloop installed).
 
 Targets (issue 50): 1,000 idle hosts cost under 5% of a core, leave the viewer's p50
 within 1.2x of no hosts, and each wait ends within a second of its bound.
@@ -54,6 +57,16 @@ class Measured:
     view_ms: list[float]
     late_s: list[float]
     """Each wait that ended: seconds past its bound."""
+    answered: int = 0
+    """Lease requests answered while the CPU was measured."""
+
+    seconds: float = 0.0
+    """How long the CPU was measured."""
+
+    @property
+    def ms_a_request(self) -> float | None:
+        """The API's CPU milliseconds for each lease request answered, idle cost included."""
+        return self.cpu * self.seconds * 1000 / self.answered if self.answered else None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -79,11 +92,29 @@ async def view(url: str, seconds: float) -> list[float]:
     return took
 
 
-def start_api(env: dict[str, str], code: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+@dataclass(frozen=True)
+class Code:
+    """What the API runs: a checkout, and where to import from before it."""
+
+    label: str
+    where: Path
+    path: tuple[Path, ...] = ()
+
+
+PURE = """\
+# bench.idle_hosts --pure: uvicorn finds neither, and takes h11 and asyncio.
+import sys
+sys.modules["httptools"] = None
+sys.modules["uvloop"] = None
+"""
+
+
+def start_api(env: dict[str, str], code: Code, port: int, log: Path) -> subprocess.Popen[bytes]:
+    path = os.pathsep.join(str(p) for p in (code.where, *code.path))
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "api", "--port", str(port)],
-            cwd=code, env=env | {"PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1"},
+            cwd=code.where, env=env | {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"},
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     deadline = time.monotonic() + 60
@@ -125,7 +156,7 @@ async def hold(url: str, hosts: int, wait: float, out: Path) -> None:
     wait's seconds past its bound, to `out`. Plain HTTP/1.1 on one connection a host:
     a client pool of a thousand connections (httpx's) spends more CPU than the API it
     measures, and its own delays would be counted as the API's."""
-    late: list[float] = []
+    ended: list[tuple[float, float]] = []  # when (epoch s), and how long past the bound
     stopping = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     address = urlsplit(url)
@@ -150,7 +181,7 @@ async def hold(url: str, hosts: int, wait: float, out: Path) -> None:
                     raise RuntimeError(head.decode(errors="replace"))
                 length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
                 await reader.readexactly(length)
-                late.append(time.monotonic() - began - wait)
+                ended.append((time.time(), time.monotonic() - began - wait))
         finally:
             writer.close()
 
@@ -163,46 +194,50 @@ async def hold(url: str, hosts: int, wait: float, out: Path) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    out.write_text(json.dumps(late))  # noqa: ASYNC240  (once, at the end)
+    out.write_text(json.dumps(ended))  # noqa: ASYNC240  (once, at the end)
 
 
 async def measure(
     store: str, code: str, api_url: str, pid: int, hosts: int, args: argparse.Namespace, home: Path
 ) -> Measured:
     holder = None
-    out = home / f"late-{code}-{hosts}.json"
+    out = home / f"late-{code.replace(', ', '-')}-{hosts}.json"
     if hosts:
         holder = await asyncio.to_thread(start_hosts, api_url, hosts, args.wait, out)
     try:
         await asyncio.sleep(2.0)  # settled: the hosts' first requests taken in
         # The API's own cost first, with no viewer; then the viewer, beside the hosts.
-        before, began = cpu_seconds(pid), time.monotonic()
+        before, began, since = cpu_seconds(pid), time.monotonic(), time.time()
         await asyncio.sleep(args.seconds)
         cpu = (cpu_seconds(pid) - before) / (time.monotonic() - began)
+        until = time.time()
         took = await view(api_url, args.seconds)
     finally:
         if holder is not None:
             await asyncio.to_thread(stop, holder)
-    late = json.loads(out.read_text()) if hosts and out.exists() else []
-    return Measured(store, code, hosts, cpu, took, late)
+    ended = json.loads(out.read_text()) if hosts and out.exists() else []
+    answered = sum(since <= at <= until for at, _ in ended)
+    late = [past for _, past in ended]
+    return Measured(store, code, hosts, cpu, took, late, answered, args.seconds)
 
 
 async def one_store(
-    args: argparse.Namespace, store: str, home: Path, url: str, codes: list[tuple[str, Path]]
+    args: argparse.Namespace, store: str, home: Path, url: str, codes: list[Code]
 ) -> list[Measured]:
     env = bench_env(home, url, 9, f"relayq-bench-idle-{os.getpid()}-{store}:")
     env["RELAYQ_API_TOKENS"] = TOKENS
     found: list[Measured] = []
-    for code, where in codes:
+    for code in codes:
         port = free_port()
-        api = await asyncio.to_thread(start_api, env, where, port, home / f"api-{code}.log")
+        log = home / f"api-{code.label.replace(' ', '-')}.log"
+        api = await asyncio.to_thread(start_api, env, code, port, log)
         try:
             if not found:
                 seed(url)
             for hosts in (0, args.hosts):
                 found.append(
                     await measure(
-                        store, code, f"http://127.0.0.1:{port}", api.pid, hosts, args, home
+                        store, code.label, f"http://127.0.0.1:{port}", api.pid, hosts, args, home
                     )
                 )
         finally:
@@ -228,9 +263,9 @@ def pct(values: list[float], q: int) -> float:
 
 def print_table(found: list[Measured], wait: float) -> None:
     print(f"\nidle hosts on one API process, each long poll waiting {wait:g} s\n")
-    print("| store | code | hosts | API CPU (of a core) | viewer p50 ms | p99 | p50 / no hosts | "
-          "waits ended | past the bound p50 s | worst |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| store | code | hosts | API CPU (of a core) | CPU ms a request | viewer p50 ms | p99 | "
+          "p50 / no hosts | waits ended | past the bound p50 s | worst |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     base: dict[tuple[str, str], float] = {}
     for m in found:
         p50 = pct(m.view_ms, 50)
@@ -238,8 +273,9 @@ def print_table(found: list[Measured], wait: float) -> None:
             base[(m.store, m.code)] = p50
         ratio = p50 / base[(m.store, m.code)]
         late = f"{pct(m.late_s, 50):.2f} | {max(m.late_s):.2f}" if m.late_s else "- | -"
+        each = "-" if m.ms_a_request is None else f"{m.ms_a_request:.2f}"
         print(
-            f"| {m.store} | {m.code} | {m.hosts:,} | {m.cpu:.1%} | {p50:.2f} | "
+            f"| {m.store} | {m.code} | {m.hosts:,} | {m.cpu:.1%} | {each} | {p50:.2f} | "
             f"{pct(m.view_ms, 99):.2f} | {ratio:.2f}x | {len(m.late_s):,} | {late} |"
         )
 
@@ -254,6 +290,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--seconds", type=float, default=30.0, help="seconds each phase is measured")
     add("--stores", default="sqlite,postgresql", help="stores to compare, comma-separated")
     add("--against", help="a commit to measure beside this checkout (a worktree of its own)")
+    add("--pure", action="store_true", help="also with uvicorn's h11 and asyncio")
     add("--hold", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -266,14 +303,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     found: list[Measured] = []
     with bench_home("rq-bench-idle-") as base:
-        codes = [("this", ROOT)]
+        codes = [Code("this", ROOT)]
+        if args.pure:
+            (base / "pure").mkdir()
+            (base / "pure" / "sitecustomize.py").write_text(PURE)
+            codes.insert(0, Code("this, pure", ROOT, (base / "pure",)))
         if args.against:
             tree = base / "against"
             subprocess.run(
                 ["git", "worktree", "add", "--detach", str(tree), args.against],
                 cwd=ROOT, check=True, capture_output=True,
             )  # fmt: skip
-            codes.insert(0, (args.against, tree))
+            codes.insert(0, Code(args.against, tree))
         try:
             for store in args.stores.split(","):
                 made = bench_store(base, store, "idle")
