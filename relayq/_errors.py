@@ -49,6 +49,8 @@
     │   └── StoreBusy            SQLite's lock was taken that instant; nothing was done
     ├── IllegalTransition    a run cannot make that status change (store.transitions)
     ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
+    ├── OutOfTime            a turn's time limit passed; names the tool calls still running
+    │                        (a TimeoutError too: tasks.turn_failed)
     ├── BadHook              not a RunHooks, or a hook name that does not load (tasks.hooks)
     ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.host.client)
     ├── HostRefused          the API refused a relay host for good: a bad token, a tool it

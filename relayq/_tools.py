@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -59,12 +60,16 @@ class Tool:
     description: str
     schema: dict[str, Any] = field(default_factory=lambda: dict(_EMPTY_SCHEMA))
     fn: ToolFn | None = None
+    timeout: float | None = None
+    """Seconds a call may take before it is given up on, its result an error that says
+    so; None: the agent's `tool_timeout`, else only the turn's time limit bounds it."""
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ToolkitError(
                 f"tool name {self.name!r} must be 1-64 letters, digits, '_' or '-'", self.name
             )
+        _check_timeout(self.timeout, f"tool {self.name!r}")
         if not isinstance(self.schema, dict) or self.schema.get("type", "object") != "object":
             raise ToolkitError(
                 f"tool {self.name!r}: the schema must be a JSON schema of type 'object'",
@@ -75,21 +80,45 @@ class Tool:
     def is_relay(self) -> bool:
         return self.fn is None
 
-    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult | Request:
-        """Run the tool; a raised exception becomes an error result, never escapes."""
+    async def invoke(
+        self, args: dict[str, Any], ctx: ToolContext, *, timeout: float | None = None
+    ) -> ToolResult | Request:
+        """Run the tool; a raised exception becomes an error result, never escapes, and
+        so does a call past its `timeout` (the tool's own, else this one)."""
         if self.fn is None:
             raise ToolkitError(f"relay tool {self.name!r} has no behaviour to invoke", self.name)
+        limit = self.timeout if self.timeout is not None else timeout
+        bound = asyncio.timeout(limit)
         try:
-            if inspect.iscoroutinefunction(self.fn):
-                out = await self.fn(args, ctx)
-            else:
-                # Sync tools run in a thread so that a turn's calls overlap.
-                out = await asyncio.to_thread(self.fn, args, ctx)
-                if inspect.isawaitable(out):
-                    out = await out
+            async with bound:
+                if inspect.iscoroutinefunction(self.fn):
+                    out = await self.fn(args, ctx)
+                else:
+                    # Sync tools run in a thread so that a turn's calls overlap, and so that
+                    # they never hold the loop.
+                    out = await asyncio.to_thread(self.fn, args, ctx)
+                    if inspect.isawaitable(out):
+                        out = await out
         except Exception as exc:
+            if bound.expired():
+                # An async call was cancelled; a sync one's thread is left to end alone.
+                return ToolResult.error(
+                    f"the tool {self.name!r} did not return within {limit:g} s and was "
+                    "given up on; what it was doing may still complete"
+                )
             return ToolResult.error(f"{type(exc).__name__}: {exc}")
         return _as_output(out, self.name)
+
+
+def _check_timeout(seconds: float | None, what: str) -> None:
+    if seconds is None:
+        return
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds < math.inf
+    ):
+        raise ToolkitError(f"{what}: timeout must be a positive number of seconds, not {seconds!r}")
 
 
 def _as_output(out: object, name: str) -> ToolResult | Request:
@@ -102,16 +131,30 @@ def _as_output(out: object, name: str) -> ToolResult | Request:
     )
 
 
-def define_tool(name: str, description: str, schema: dict[str, Any] | None, fn: ToolFn) -> Tool:
-    """A tool from a JSON schema and a function `fn(args, ctx)`, sync or async."""
-    return Tool(name=name, description=description, schema=schema or dict(_EMPTY_SCHEMA), fn=fn)
+def define_tool(
+    name: str,
+    description: str,
+    schema: dict[str, Any] | None,
+    fn: ToolFn,
+    *,
+    timeout: float | None = None,
+) -> Tool:
+    """A tool from a JSON schema and a function `fn(args, ctx)`, sync or async; `timeout`
+    bounds each call (`Tool.timeout`)."""
+    return Tool(
+        name=name,
+        description=description,
+        schema=schema or dict(_EMPTY_SCHEMA),
+        fn=fn,
+        timeout=timeout,
+    )
 
 
 @overload
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None
+    *, name: str | None = None, description: str | None = None, timeout: float | None = None
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -121,6 +164,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    timeout: float | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a tool of a typed function; the schema comes from its type hints.
 
@@ -131,17 +175,18 @@ def tool(
 
     A parameter annotated `ToolContext` receives the call's context and is left
     out of the schema. Arguments are validated before the function runs; invalid
-    ones give the model an error result that says what is wrong.
+    ones give the model an error result that says what is wrong. `timeout` bounds
+    each call in seconds (`Tool.timeout`).
     """
 
     def build(f: Callable[..., Any]) -> Tool:
-        return _tool_from_function(f, name=name, description=description)
+        return _tool_from_function(f, name=name, description=description, timeout=timeout)
 
     return build(fn) if fn is not None else build
 
 
 def _tool_from_function(
-    f: Callable[..., Any], *, name: str | None, description: str | None
+    f: Callable[..., Any], *, name: str | None, description: str | None, timeout: float | None
 ) -> Tool:
     hints = get_type_hints(f)
     fields: dict[str, Any] = {}
@@ -174,7 +219,9 @@ def _tool_from_function(
         return result
 
     doc = inspect.getdoc(f) or ""
-    return Tool(name=tool_name, description=description or doc, schema=schema, fn=call)
+    return Tool(
+        name=tool_name, description=description or doc, schema=schema, fn=call, timeout=timeout
+    )
 
 
 def _brief(exc: ValidationError) -> str:

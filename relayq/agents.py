@@ -77,7 +77,8 @@ class Agent:
     (`relayq.mcp`).
 
     Three keywords set the agent's policy on the workers: `retries` and
-    `turn_time_limit` default to the worker's settings, `queue` to `relayq.turns`.
+    `turn_time_limit` default to the worker's settings, `queue` to `relayq.turns`;
+    `tool_timeout` bounds each call of its tools that sets no `timeout` of its own.
     `budget` caps what each of its runs may spend, unless a run is given its own.
 
         Agent("support", generate, retries=2, turn_time_limit=timedelta(minutes=2),
@@ -100,6 +101,7 @@ class Agent:
         model_name: str = "in-process",
         retries: int | None = None,
         turn_time_limit: timedelta | None = None,
+        tool_timeout: timedelta | None = None,
         queue: str = DEFAULT_QUEUE,
         budget: Budget | None = None,
         hooks: Sequence[object] = (),
@@ -110,6 +112,7 @@ class Agent:
         if on_expiry not in ("error", "cancel"):
             raise AgentError(f"agent {name!r}: on_expiry must be 'error' or 'cancel'", name)
         _check_policy(name, retries, turn_time_limit, queue)
+        _check_positive(name, "tool_timeout", tool_timeout)
         self.name = name
         self.tools = tuple(tools)
         self.mcp_servers = _mcp_servers(name, mcp_servers)
@@ -126,6 +129,10 @@ class Agent:
         self.turn_time_limit = turn_time_limit
         """How long one turn may take; None: the worker's `RELAYQ_TURN_TIME_LIMIT`. It must
         stay below that limit (Celery's soft limit), which a worker checks at start."""
+        self.tool_timeout = tool_timeout
+        """How long a call of one of its local tools may take, unless the tool sets its
+        own `timeout`: past it, the call's result is an error saying so. None: only the
+        turn's time limit bounds it."""
         self.queue = queue
         """The Celery queue this agent's turns go to; a worker serves it when started with
         `-Q` naming it."""
@@ -197,17 +204,17 @@ def _check_policy(
 ) -> None:
     if retries is not None and (isinstance(retries, bool) or retries < 0):
         raise AgentError(f"agent {name!r}: retries must be 0 or more, not {retries!r}", name)
-    if turn_time_limit is not None and (
-        not isinstance(turn_time_limit, timedelta) or turn_time_limit <= timedelta(0)
-    ):
-        raise AgentError(
-            f"agent {name!r}: turn_time_limit must be a positive timedelta, "
-            f"not {turn_time_limit!r}",
-            name,
-        )
+    _check_positive(name, "turn_time_limit", turn_time_limit)
     # `-Q` takes a comma-separated list: a queue name cannot hold a comma or a space.
     if not isinstance(queue, str) or not queue or any(c in queue for c in ", \t\n"):
         raise AgentError(f"agent {name!r}: queue must be a queue name, not {queue!r}", name)
+
+
+def _check_positive(name: str, what: str, value: timedelta | None) -> None:
+    if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+        raise AgentError(
+            f"agent {name!r}: {what} must be a positive timedelta, not {value!r}", name
+        )
 
 
 def _mcp_servers(name: str, servers: Sequence[MCPServer]) -> tuple[MCPServer, ...]:

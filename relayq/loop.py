@@ -86,9 +86,9 @@ class Journal:
         """What an earlier try of this call produced, if it finished."""
         return None
 
-    async def starting(self, at: int, call_id: str, attempt: str) -> int:
-        """The call is about to run (it has no recorded outcome); returns which execution
-        this is, 1 for the first: `ctx.attempt`."""
+    async def starting(self, at: int, call_id: str, attempt: str, *, tool: str = "") -> int:
+        """The call of `tool` is about to run (it has no recorded outcome), in the task
+        that runs it; returns which execution this is, 1 for the first: `ctx.attempt`."""
         return 1
 
     async def record(
@@ -104,6 +104,7 @@ class _Ctx:
     journal: Journal
     wait_for: WaitFor | None
     cancel: Cancel | None
+    tool_timeout: float | None
 
     transcript: list[dict[str, Any]]
     replies: int
@@ -143,8 +144,10 @@ async def take_turn(
     journal: Journal | None = None,
     wait_for: WaitFor | None = None,
     cancel: Cancel | None = None,
+    tool_timeout: float | None = None,
 ) -> Turn:
-    """Take one turn of the run whose transcript is `messages` (not modified)."""
+    """Take one turn of the run whose transcript is `messages` (not modified); a local
+    tool's call without a timeout of its own is given up on after `tool_timeout` s."""
     messages = list(messages)
     start, turns = tx.survey(messages)  # one pass over the transcript, however long
     if start < 0:
@@ -155,6 +158,7 @@ async def take_turn(
         journal=journal or Journal(),
         wait_for=wait_for,
         cancel=cancel,
+        tool_timeout=tool_timeout,
         transcript=messages,
         replies=turns,
         began=len(messages),
@@ -357,9 +361,9 @@ async def _invoke(
                 base_dir=ctx.toolkit.base_dir,
                 answer=answer,
                 turn=turn,
-                attempt=await ctx.journal.starting(slot.at, call.id, attempt),
+                attempt=await ctx.journal.starting(slot.at, call.id, attempt, tool=call.name),
             )
-            outcome = await tool.invoke(args, tool_ctx)
+            outcome = await tool.invoke(args, tool_ctx, timeout=ctx.tool_timeout)
             await ctx.journal.record(slot.at, call.id, attempt, outcome)
         if isinstance(outcome, ToolResult) or ctx.wait_for is None:
             return outcome

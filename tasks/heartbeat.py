@@ -14,7 +14,8 @@ claim on its strength. A process gone from this very host is dead all the same.
 A process holding a store call that did not come back once its silent connection
 was cut (`store.stalls`) beats no more until the call ends: it could not give
 that turn back, and must not look alive while doing nothing, so the sweepers of
-other workers take its claims.
+other workers take its claims. Nor does one whose event loop has stopped turning
+(`tasks.loopwatch`): its turns run no more.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from store import Database, beat
 from store.errors import safe_text
@@ -50,6 +52,8 @@ class Heartbeat:
         """When a beat last failed or took longer than `every` (monotonic)."""
         self._failing = False
         self._wedged = False
+        self.loop_stalled: Callable[[], bool] = lambda: False
+        """Whether the process's event loop has stopped turning (`tasks.loopwatch`)."""
 
     def start(self) -> None:
         """Write the first beat now (so no claim of this process is seen without one;
@@ -82,7 +86,7 @@ class Heartbeat:
             self._beat()
 
     def _beat(self, *, first: bool = False) -> None:
-        if not first and self._held_by_a_lost_call():
+        if not first and (self.loop_stalled() or self._held_by_a_lost_call()):
             self._late_at = time.monotonic()
             return
         started = time.monotonic()

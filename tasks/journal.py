@@ -63,6 +63,8 @@ class StoreJournal(Journal):
         self.entries: list[LedgerEntry] = []
         """Outcomes left for the turn's end (or the next call's start) to record."""
         self._running = 0
+        self.running: dict[str, str] = {}
+        """The calls running now: call id, tool (a turn out of time names them)."""
         self._started: dict[tuple[int, str, str], float] = {}
 
     def is_set(self) -> bool:
@@ -91,10 +93,13 @@ class StoreJournal(Journal):
             return None  # the reply was made in this very turn: nothing can be recorded yet
         return await self.rt.io(ledger_get, self.rt.db, self.claim.run_id, at, call_id, attempt)
 
-    async def starting(self, at: int, call_id: str, attempt: str) -> int:
+    async def starting(self, at: int, call_id: str, attempt: str, *, tool: str = "") -> int:
         # What finished before this call starts is kept first: the call may kill the worker.
         await self.flush()
         self._running += 1
+        self.running[call_id] = tool or "?"
+        # Until `record`, a stall of the loop names this call (`tasks.loopwatch`).
+        self.rt.enter(f"tool {tool or '?'} (call {call_id})")
         await self.rt.hooks.emit(
             "before_tool", ToolStarting(self.claim.run_id, self.claim.agent, call_id), self.hooks
         )
@@ -107,6 +112,8 @@ class StoreJournal(Journal):
         self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
     ) -> None:
         self._running -= 1
+        self.running.pop(call_id, None)
+        self.rt.leave()
         self.entries.append(LedgerEntry(at, call_id, attempt, outcome))
         if self._running > 0:
             await self.flush()  # another call still runs, and may kill the worker

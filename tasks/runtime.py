@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
@@ -60,17 +60,31 @@ from tasks.broker.peek import QueuePeek
 from tasks.broker.publish import sender_app
 from tasks.heartbeat import Heartbeat
 from tasks.hooks import Hooks, RunHooks, hooks_named
+from tasks.loopwatch import LoopWatch
 from tasks.observability.metrics import Metrics, observe_store_calls
 from tasks.observability.tracing import Tracing
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
+from tasks.tool_threads import ToolThreads
 from tasks.transcripts import Transcripts
 from tasks.webhooks.sender import WebhookSender
 
-__all__ = ["LoopThread", "Runtime", "Working", "defer", "deferring"]
+__all__ = ["EXIT_RETIRED", "LoopThread", "Runtime", "Working", "defer", "deferring"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+EXIT_RETIRED = 75
+"""The exit status of a worker that retired (`Runtime.retire`): start me anew (EX_TEMPFAIL)."""
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 P = ParamSpec("P")
 
 _local = threading.local()
@@ -102,20 +116,27 @@ class LoopThread:
     _pid: int | None = None
     _lock = threading.Lock()
 
-    def __init__(self, io_threads: int = 8) -> None:
+    def __init__(self, io_threads: int = 8, tools: ToolThreads | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(io_threads, thread_name_prefix="relayq-io")
-        self.loop.set_default_executor(self.executor)
+        """The store's threads (`Runtime.io`)."""
+        self.tools = tools or ToolThreads(32, stuck_limit=8)
+        """Every other thread's work, sync tools' above all (`asyncio.to_thread`): stuck
+        ones never keep a store call waiting (`tasks.tool_threads`)."""
+        self.loop.set_default_executor(self.tools)
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="relayq-loop", daemon=True
         )
         self._thread.start()
 
     @classmethod
-    def shared(cls, io_threads: int = 8) -> LoopThread:
+    def shared(
+        cls, io_threads: int = 8, tools: Callable[[], ToolThreads] | None = None
+    ) -> LoopThread:
+        """The process's loop; made with these threads when none runs here yet."""
         with cls._lock:
             if cls._shared is None or cls._pid != os.getpid():
-                cls._shared = LoopThread(io_threads)
+                cls._shared = LoopThread(io_threads, tools() if tools is not None else None)
                 cls._pid = os.getpid()
             return cls._shared
 
@@ -188,12 +209,17 @@ class Runtime:
         self.agents: Mapping[str, Agent] = agents if agents is not None else registered_agents()
         self._loop: LoopThread | None = None
         self.inline_store = self.db.is_sqlite
-        self._store = StoreCalls(inline=self.inline_store, executor=lambda: None)
+        self._store = StoreCalls(inline=self.inline_store, executor=self._store_threads)
         self.app: Celery | None = None
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
         self.dispatch = self._make_dispatch()
         """Where the messages of this process's changes go (`tasks.broker.dispatch`)."""
+        self.retiring: str | None = None
+        """Why this worker retires (`retire`), once it does."""
+        self.on_retire: list[Callable[[str], None]] = []
+        """Told once when the worker retires: the worker's process stops consuming."""
+        self._retire_lock = threading.Lock()
         self.working = Working()
         """Runs a task of this process is claiming or holding (`Working`)."""
         self.transcripts = Transcripts()
@@ -202,6 +228,8 @@ class Runtime:
         """This process, as its claims name it; they last while its heartbeat does."""
         self._peek: QueuePeek | None = None
         self._background = False
+        self.loopwatch: LoopWatch | None = None
+        """The watch on this process's loop, once its background work runs."""
         self._outage_since: float | None = None
         self.heartbeat = Heartbeat(
             self.db,
@@ -221,6 +249,24 @@ class Runtime:
         caller's `hooks`, then those `RELAYQ_HOOKS` names."""
         observe_store_calls(self.db)
 
+    def enter(self, what: str) -> None:
+        """On the loop: what the current task does, named in a stall's log (`LoopWatch.enter`)."""
+        if self.loopwatch is not None:
+            self.loopwatch.enter(what)
+
+    def leave(self) -> None:
+        if self.loopwatch is not None:
+            self.loopwatch.leave()
+
+    @contextmanager
+    def doing(self, what: str) -> Iterator[None]:
+        """`enter` for the block (`LoopWatch.doing`)."""
+        if self.loopwatch is None:
+            yield
+            return
+        with self.loopwatch.doing(what):
+            yield
+
     def _make_dispatch(self) -> Dispatch:
         return BrokerDispatch(lambda: self.sender, self.db, self.io)
 
@@ -230,8 +276,42 @@ class Runtime:
         if self._loop is None:
             # SQLite takes one writer at a time: more threads would only queue on its
             # lock, in sleeps. PostgreSQL serves many.
-            self._loop = LoopThread.shared(2 if self.db.is_sqlite else 16)
+            self._loop = LoopThread.shared(2 if self.db.is_sqlite else 16, self._tool_threads)
         return self._loop
+
+    def _tool_threads(self) -> ToolThreads:
+        worker = self.settings.worker
+        return ToolThreads(
+            worker.tool_threads,
+            stuck_limit=worker.tool_threads_stuck,
+            on_stuck=lambda stuck: self.retire(
+                f"{stuck} sync tool calls were given up on while their threads still run"
+            ),
+        )
+
+    def _store_threads(self) -> Executor | None:
+        """The store's threads on the process's loop; elsewhere (a caller's own loop),
+        that loop's default."""
+        if self._loop is not None and self._loop.loop is _running_loop():
+            return self._loop.executor
+        return None
+
+    def retire(self, reason: str) -> None:
+        """This worker is unwell for good (stuck tool threads): it takes no new turn, ends
+        what it holds and ends, for its supervisor to start a new one (`on_retire`). Once;
+        from any thread."""
+        with self._retire_lock:
+            if self.retiring is not None:
+                return
+            self.retiring = reason
+        log.error(
+            "this worker retires: %s. It takes no new turn, finishes the turns it holds, "
+            "and ends (exit %d) for its supervisor to start a new one",
+            reason,
+            EXIT_RETIRED,
+        )
+        for handler in self.on_retire:
+            handler(reason)
 
     @classmethod
     def current(cls, app: Celery | None = None) -> Runtime:
@@ -256,13 +336,21 @@ class Runtime:
             return cls._current
 
     def start_background(self) -> None:
-        """Heartbeats, sweeps and webhook deliveries, on the loop, for the life of the process.
+        """Heartbeats, the loop's watch, sweeps and webhook deliveries, for the life of the process.
 
         The first heartbeat is written before this returns, so no claim of this
         process is ever seen without one.
         """
         if self._background:
             return
+        recovery = self.settings.recovery
+        watch = self.loopwatch = LoopWatch(
+            self.loop.loop,
+            stall=recovery.loop_stall.total_seconds(),
+            exit_after=recovery.loop_stall_exit.total_seconds(),
+        )
+        watch.start()
+        self.heartbeat.loop_stalled = lambda: watch.stalled
         self.heartbeat.start()
         self._background = True
         atexit.register(self._forget)
@@ -271,6 +359,8 @@ class Runtime:
 
     def _forget(self) -> None:
         """At exit: the claims still held go to other workers at their next sweep."""
+        if self.loopwatch is not None:
+            self.loopwatch.stop()  # the loop may well stop turning now
         self.heartbeat.stop()
         try:
             forget_worker(self.db, self.worker_id)

@@ -141,6 +141,11 @@ class RecoverySettings:
     worker_timeout: timedelta = option("worker_timeout", default=timedelta(seconds=10))
     """Without a heartbeat for this long, a worker counts as dead; its claims go to others."""
     sweep_every: timedelta = option("sweep_every", default=timedelta(seconds=5))
+    loop_stall: timedelta = option("loop_stall", default=timedelta(seconds=5))
+    """A worker's event loop that has not turned for this long is stalled: its heartbeat
+    stops, and other workers take its runs (`tasks.loopwatch`)."""
+    loop_stall_exit: timedelta = option("loop_stall_exit", default=timedelta(seconds=30))
+    """Stalled this long, the worker process ends (exit 70), for its supervisor to start anew."""
     redeliver_after: timedelta = option("redeliver_after", default=timedelta(seconds=10))
     """A sent message's effect overdue by this much, once it left its queue: sent again."""
     outbox_grace: timedelta = option("outbox_grace", default=timedelta(seconds=5))
@@ -184,6 +189,11 @@ class WorkerSettings:
         "concurrency", parse=count(1), shown="500 (asyncio), CPUs (others)", default=None
     )
     """Turns one process runs at once; None: the pool's own default."""
+    tool_threads: int = option("tool_threads", parse=count(1), default=32)
+    """Threads for sync tools' calls at once (the store has threads of its own)."""
+    tool_threads_stuck: int = option("tool_threads_stuck", parse=count(1), default=8)
+    """Sync tool calls given up on (a timeout) whose threads still run, at which the worker
+    retires: it finishes what it holds and ends, for its supervisor to start a new one."""
     task_events: bool = option("task_events", default=False)
     """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
     task_log: bool = option("task_log", default=True)
@@ -312,6 +322,8 @@ class Settings:
                 f"RELAYQ_TURN_TIME_LIMIT must stay well below the broker's visibility "
                 f"timeout (RELAYQ_VISIBILITY_TIMEOUT, {visibility:.0f} s)"
             )
+        if self.recovery.loop_stall >= self.recovery.loop_stall_exit:
+            raise ValueError("RELAYQ_LOOP_STALL_EXIT must be longer than RELAYQ_LOOP_STALL")
         if self.recovery.heartbeat_every * 2 > self.recovery.worker_timeout:
             raise ValueError(
                 "RELAYQ_WORKER_TIMEOUT must be at least twice RELAYQ_HEARTBEAT_EVERY, "

@@ -16,7 +16,7 @@ from store import Claim, fail_run
 from tasks.failures import failure_report
 from tasks.runtime import Runtime
 
-__all__ = ["TurnFailed", "fail_turn", "stored_error"]
+__all__ = ["OutOfTime", "TurnFailed", "fail_turn", "stored_error"]
 
 # The turn's log, whichever of its modules writes to it.
 log = logging.getLogger("tasks.turns")
@@ -32,6 +32,21 @@ class TurnFailed(RelayqError):
 
     def __str__(self) -> str:
         return f"run {self.run_id} failed: {self.error}"
+
+
+class OutOfTime(RelayqError, TimeoutError):
+    """The turn's time limit passed while these tool calls still ran (`call id: tool`):
+    a TimeoutError, retried as one, whose message names them."""
+
+    def __init__(self, running: dict[str, str]) -> None:
+        super().__init__(running)
+        self.running = dict(running)
+
+    def __str__(self) -> str:
+        if not self.running:
+            return "the turn ran out of time"
+        calls = ", ".join(f"`{tool}` (call {call})" for call, tool in self.running.items())
+        return f"the turn ran out of time in tool {calls}"
 
 
 async def fail_turn(
@@ -50,6 +65,8 @@ def stored_error(exc: BaseException) -> str:
     Never the whole text: a database error's holds the SQL and its parameters
     (the transcript, an answer), and any message may hold a key.
     """
+    if isinstance(exc, OutOfTime):
+        return str(exc)
     if isinstance(exc, TimeoutError):
         return "the turn ran out of time"
     return describe_error(exc)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
 from celery import Task, shared_task
 from celery.exceptions import Retry
@@ -54,7 +55,7 @@ from tasks.journal import StoreJournal
 from tasks.runtime import Runtime
 from tasks.settings import Settings
 from tasks.turn_budgets import check_budget, stopped_by_budget
-from tasks.turn_failed import TurnFailed, fail_turn, stored_error
+from tasks.turn_failed import OutOfTime, TurnFailed, fail_turn, stored_error
 from tasks.turn_hooks import TurnReport, watched
 from tasks.turn_waits import give_back, resend, retry_or_fail, wait_for_capacity
 
@@ -104,23 +105,31 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
         claim = await _claim(rt, task, run_id, version)
         if claim is None:
             return Outcome(TurnOutcome.SKIPPED, "skipped: stale or duplicate message")
-        async with TurnReport(rt, task, claim) as report:
+        with rt.doing(f"a turn of run {run_id} (agent {claim.agent})"):
+            return await _claimed(rt, task, claim)
+
+
+async def _claimed(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
+    """The turn, once claimed."""
+    async with TurnReport(rt, task, claim) as report:
+        try:
+            if claim.crashes > rt.settings.turns.crash_limit:
+                # The turn keeps killing its worker.
+                error = f"the worker died {claim.crashes} times running this turn; giving up"
+                await fail_turn(rt, claim, error)
             try:
-                if claim.crashes > rt.settings.turns.crash_limit:
-                    # The turn keeps killing its worker.
-                    error = f"the worker died {claim.crashes} times running this turn; giving up"
-                    await fail_turn(rt, claim, error)
+                agent = rt.agent(claim.agent)
+                gate = await check_budget(rt, claim, agent)
+                if gate.verdict != "go":
+                    report.outcome = stopped_by_budget(gate)
+                    return report.outcome  # nothing to send: the run waits, or ended
+                toolkit, digest = await _resumable_toolkit(rt, claim, agent)
+                journal = _journal(rt, claim, agent, toolkit, gate)
+                time_limit = _time_limit(rt.settings, agent)
+                deadline = asyncio.timeout(time_limit)
                 try:
-                    agent = rt.agent(claim.agent)
-                    gate = await check_budget(rt, claim, agent)
-                    if gate.verdict != "go":
-                        report.outcome = stopped_by_budget(gate)
-                        return report.outcome  # nothing to send: the run waits, or ended
-                    toolkit, digest = await _resumable_toolkit(rt, claim, agent)
-                    journal = _journal(rt, claim, agent, toolkit, gate)
-                    time_limit = _time_limit(rt.settings, agent)
-                    async with asyncio.timeout(time_limit):
-                        # Under the provider's shared limits, if any (`tasks.broker.limiter`).
+                    async with deadline:
+                        # Under the provider's shared limits (`tasks.broker.limiter`).
                         model = limited_model(rt.settings, agent, time_limit)
                         turn = await take_turn(
                             claim.messages,
@@ -132,21 +141,26 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
                             model_name=agent.model_name,
                             journal=journal,
                             cancel=journal,
+                            tool_timeout=_seconds(agent.tool_timeout),
                         )
-                    outbox = await _finish(rt, claim, agent, journal, turn, digest)
-                except StoreUnavailable:
-                    raise  # not the run's failure: given back below
-                except Exception as exc:
-                    outcome = await _outcome_of_error(rt, claim, exc)
-                else:
-                    outcome = await _send_next(rt, claim, turn, outbox)
-                report.outcome = outcome
-                await resend(rt, task, outcome)
-            except StoreUnavailable as exc:
-                report.error = type(exc).__name__
-                outcome = report.outcome = await give_back(rt, claim, exc)
-                await resend(rt, task, outcome)
-            return outcome
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise
+                    raise OutOfTime(journal.running) from None  # its error names the tools
+                outbox = await _finish(rt, claim, agent, journal, turn, digest)
+            except StoreUnavailable:
+                raise  # not the run's failure: given back below
+            except Exception as exc:
+                outcome = await _outcome_of_error(rt, claim, exc)
+            else:
+                outcome = await _send_next(rt, claim, turn, outbox)
+            report.outcome = outcome
+            await resend(rt, task, outcome)
+        except StoreUnavailable as exc:
+            report.error = type(exc).__name__
+            outcome = report.outcome = await give_back(rt, claim, exc)
+            await resend(rt, task, outcome)
+        return outcome
 
 
 async def _claim(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> Claim | None:
@@ -215,6 +229,10 @@ def _journal(rt: Runtime, claim: Claim, agent: Agent, toolkit: Toolkit, gate: Ga
         charge_batch=gate.charge_batch,
         hooks=agent.hooks,
     )
+
+
+def _seconds(limit: timedelta | None) -> float | None:
+    return None if limit is None else limit.total_seconds()
 
 
 def _time_limit(settings: Settings, agent: Agent) -> float:

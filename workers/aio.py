@@ -57,9 +57,10 @@ from celery import signals
 from celery.concurrency.base import BasePool
 from celery.utils.saferepr import saferepr
 from celery.utils.threads import LocalStack
+from celery.worker import state as worker_state
 from greenlet import greenlet  # type: ignore[import-untyped]
 
-from tasks.runtime import Runtime, deferring
+from tasks.runtime import EXIT_RETIRED, Runtime, deferring
 
 __all__ = ["AsyncioPool", "requests_kept_apart"]
 
@@ -133,7 +134,16 @@ class AsyncioPool(BasePool):
                 "unset USE_FAST_LOCALS"
             )
         # The runtime owns the loop (and sizes its I/O threads to the store).
-        self._loop = Runtime.current().loop
+        rt = Runtime.current()
+        self._loop = rt.loop
+        rt.on_retire.append(self._retire)
+
+    def _retire(self, reason: str) -> None:
+        """The worker retires (`Runtime.retire`): a warm shutdown, as SIGTERM's, but ending
+        with `EXIT_RETIRED` for the supervisor to start another; from any thread."""
+        worker_state.should_stop = EXIT_RETIRED
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"r")  # the consumer's loop sees it at its next round
 
     def register_with_event_loop(self, loop: Any) -> None:
         # Celery (its `Pool` bootstep, `BasePool` API) passes the consumer's kombu

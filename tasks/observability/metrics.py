@@ -21,6 +21,10 @@ hold (runs, open requests, queue depths) is read when the API is scraped instead
 | `relayq_provider_circuit_changes_total` | provider, model, state | circuit changes seen here |
 | `relayq_store_call_wait_seconds` | store | the oldest store call in flight's wait (PostgreSQL) |
 | `relayq_broker_unheard_seconds` | broker | since the worker's consumer last heard its broker |
+| `relayq_loop_stalls_total` | | the worker's event loop stalled (`tasks.loopwatch`) |
+| `relayq_loop_stall_seconds` | | a stall's length, once it ended (or ended the process) |
+| `relayq_tool_threads_abandoned_total` | | sync tool calls given up on while their thread ran on |
+| `relayq_tool_threads_stuck` | | such threads still running (`tasks.tool_threads`) |
 
 A provider is named by its endpoint's host (`api.openai.com`), as the provider
 limiter's labels (`host/model`) name it, never by its key, port or path; a model
@@ -59,6 +63,10 @@ __all__ = [
     "hosts_waiting",
     "observe_limit_wait",
     "observe_broker_unheard",
+    "count_loop_stall",
+    "count_abandoned_tool_thread",
+    "set_stuck_tool_threads",
+    "observe_loop_stall",
     "observe_store_calls",
     "provider_label",
     "provider_of",
@@ -168,6 +176,46 @@ BROKER_UNHEARD = Gauge(
 def observe_broker_unheard(seconds: float, *, broker: str) -> None:
     """Set by the worker's consumer each second (`workers.broker_heard`)."""
     BROKER_UNHEARD.labels(broker=broker).set(seconds)
+
+
+LOOP_STALLS = Counter(
+    "relayq_loop_stalls_total",
+    "Times the worker's event loop did not turn for RELAYQ_LOOP_STALL (tasks.loopwatch)",
+)
+LOOP_STALL_SECONDS = Histogram(
+    "relayq_loop_stall_seconds",
+    "How long the worker's event loop stood still, once it turned again or the process ended",
+    buckets=_SECONDS,
+)
+
+
+def count_loop_stall() -> None:
+    """A stall declared (`tasks.loopwatch`): counted at once, so a scrape sees it meanwhile."""
+    LOOP_STALLS.inc()
+
+
+def observe_loop_stall(seconds: float) -> None:
+    """A stall's length, once it ended."""
+    LOOP_STALL_SECONDS.observe(seconds)
+
+
+TOOL_THREADS_ABANDONED = Counter(
+    "relayq_tool_threads_abandoned_total",
+    "Sync tool calls given up on (a timeout, a cancelled turn) while their thread ran on",
+)
+TOOL_THREADS_STUCK = Gauge(
+    "relayq_tool_threads_stuck",
+    "Threads of given-up sync tool calls still running (tasks.tool_threads)",
+    multiprocess_mode="livesum",
+)
+
+
+def count_abandoned_tool_thread() -> None:
+    TOOL_THREADS_ABANDONED.inc()
+
+
+def set_stuck_tool_threads(threads: int) -> None:
+    TOOL_THREADS_STUCK.set(threads)
 
 
 HOSTS_WAITING = Gauge(

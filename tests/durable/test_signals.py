@@ -246,13 +246,15 @@ async def test_a_turn_past_its_time_limit_is_retried_with_backoff_then_fails(
         db.dispose()
 
     # Then it was retried twice (RELAYQ_MODEL_RETRIES=2), and failed after the third try
-    assert res.error == "gave up after 3 tries: the turn ran out of time"
+    assert res.error == "gave up after 3 tries: the turn ran out of time in tool `nap` (call c1)"
     assert attempts[:3] == [0, 1, 2]
     assert [watched.times(f"nap-{n}", run_id) != [] for n in (1, 2, 3)] == [True] * 3
     seen = await eventually(lambda: watched.ended(run_id, tries=3), what="three tries' signals")
     assert _names(seen) == ["prerun", "retry", "postrun"] * 2 + ["prerun", "failure", "postrun"]
     retries = [s for s in seen if s["signal"] == "task_retry"]
-    assert all(r["reason"].endswith(": the turn ran out of time") for r in retries)
+    assert all(
+        r["reason"].endswith(": the turn ran out of time in tool `nap` (call c1)") for r in retries
+    )
     # ... with backoff: growing waits, each kept before the next try began
     waits = [r["when"] for r in retries]
     assert RETRY_BASE / 2 <= waits[0] <= waits[1] <= RETRY_BASE * 2, waits

@@ -21,9 +21,12 @@ from store.models import utcnow
 from store.outbox import mark_published
 from tasks import DurableClient
 from tasks.broker.publish import publish
+from tasks.loopwatch import EXIT_STALLED
 
 from . import store_outage_agents  # noqa: F401  (the host knows the stall agent)
 from .conftest import Durable, Eventually, SpareWorkers
+from .test_hangs import held_by
+from .test_store_outage import all_finished
 
 
 async def test_a_run_whose_first_message_was_never_sent_is_started_by_a_sweep(
@@ -109,18 +112,21 @@ async def test_a_live_workers_heartbeat_keeps_a_long_turn_from_being_swept_from_
     assert durable.count("model", prompt) == 2
 
 
-async def test_a_worker_whose_event_loop_is_blocked_keeps_beating_and_keeps_its_turns(
+QUICK = {
+    "RELAYQ_HEARTBEAT_EVERY": "0.3",
+    "RELAYQ_WORKER_TIMEOUT": "1.5",
+    "RELAYQ_SWEEP_EVERY": "0.3",
+    "RELAYQ_AGENTS": "tests.durable.agents,tests.durable.store_outage_agents",
+}
+"""Workers that take a worker silent for 1.5 s for dead, and sweep every 0.3 s."""
+
+
+async def test_a_worker_whose_event_loop_is_blocked_within_the_stall_bound_keeps_its_turns(
     durable: Durable, spare_workers: SpareWorkers, prompt: str, eventually: Eventually
 ):
-    # Given two workers that take a worker silent for 1.5 s for dead and sweep every
-    # 0.3 s, and a tool that blocks its worker's event loop for 4 s
-    quick = {
-        "RELAYQ_HEARTBEAT_EVERY": "0.3",
-        "RELAYQ_WORKER_TIMEOUT": "1.5",
-        "RELAYQ_SWEEP_EVERY": "0.3",
-        "RELAYQ_AGENTS": "tests.durable.agents,tests.durable.store_outage_agents",
-        "RELAYQ_TEST_STALL": "4",
-    }
+    # Given two quick workers, whose loops count as stalled after 8 s, and a tool that
+    # blocks its worker's event loop for 4 s
+    quick = {**QUICK, "RELAYQ_TEST_STALL": "4", "RELAYQ_LOOP_STALL": "8"}
     stalling = spare_workers.start(**quick)
     spare_workers.start(**quick)  # the other, sweeping the same store
 
@@ -130,12 +136,61 @@ async def test_a_worker_whose_event_loop_is_blocked_keeps_beating_and_keeps_its_
         res = await client.result(run_id, wait=True, timeout=60)
         crashes = get_run(client.db, run_id).crashes
 
-    # Then its heartbeat went on from its own thread: no worker took the run over, and
-    # the tool ran once
+    # Then its heartbeat went on: no worker took the run over, and the tool ran once
     assert res.status == "done", res.error
     assert durable.count("tool", f"stall {run_id} attempt 1") == 1
     assert durable.count("tool", f"stall {run_id} attempt 2") == 0
     assert crashes == 0
+
+
+async def test_a_worker_whose_event_loop_stays_blocked_hands_its_runs_over_and_ends(
+    durable: Durable,
+    spare_workers: SpareWorkers,
+    private_database: str,
+    prompt: str,
+    eventually: Eventually,
+):
+    # Given two quick workers on a store no other worker sweeps, A's loop counted stalled
+    # after 1 s and its process ended 12 s in, and a tool that blocks A's loop for 10
+    # minutes on its first attempt
+    quick = {**QUICK, "RELAYQ_DATABASE_URL": private_database}
+    stalling = spare_workers.start(
+        **quick, RELAYQ_TEST_STALL="600", RELAYQ_LOOP_STALL="1", RELAYQ_LOOP_STALL_EXIT="12"
+    )
+    spare_workers.start(**quick)
+    async with DurableClient(settings=stalling.settings) as client:
+        # ... with 10 healthy runs on A beside it
+        healthy = await client.start_many("outlast", [f"{prompt} {i}" for i in range(10)])
+        await eventually(lambda: held_by(client.db, stalling.worker), what="A holding runs")
+
+        # When a run's tool blocks A's loop
+        run_id = await client.start("stall", prompt)
+        await eventually(
+            lambda: durable.count("tool", f"stall {run_id} attempt 1") == 1, what="the block"
+        )
+
+        # Then A beats no more: the other worker takes every run A holds while A still
+        # stands, stalled, and finishes them all (the blocking tool's second try returns)
+        await eventually(
+            lambda: not held_by(client.db, stalling.worker), timeout=10, what="A's runs taken"
+        )
+        assert stalling.worker.proc is not None
+        assert stalling.worker.proc.poll() is None, "A ended before its runs were taken"
+        every = [*healthy, run_id]
+        await eventually(lambda: all_finished(client.db, every), timeout=90, what="all done")
+        runs = [get_run(client.db, r) for r in every]
+        assert {r.status for r in runs} == {"done"}, {r.error for r in runs}
+        assert durable.count("tool", f"stall {run_id} attempt 2") == 1
+
+    # ... and A ends, for its supervisor to start another, exiting 70
+    assert stalling.worker.proc.wait(timeout=30) == EXIT_STALLED
+    # ... its log naming the blocking function, the tool, the run and its agent, and
+    # never the prompt
+    log = stalling.worker.logfile.read_text()
+    assert "the event loop has not turned" in log, log[-3000:]
+    assert "in block\n" in log, log[-3000:]
+    assert f"tool block (call c1), in a turn of run {run_id} (agent stall)" in log, log[-3000:]
+    assert prompt not in log
 
 
 def _heartbeat_of_holder(db: Database, run_id: str) -> datetime:

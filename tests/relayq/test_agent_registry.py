@@ -145,6 +145,8 @@ def test_an_agent_takes_its_own_retries_time_limit_and_queue():
         ({"retries": True}, "retries"),
         ({"turn_time_limit": timedelta(0)}, "turn_time_limit"),
         ({"turn_time_limit": 30}, "turn_time_limit"),
+        ({"tool_timeout": timedelta(seconds=-1)}, "tool_timeout must be a positive timedelta"),
+        ({"tool_timeout": 30}, "tool_timeout must be a positive timedelta"),
         ({"queue": ""}, "queue"),
         ({"queue": "relayq.turns,relayq.answers"}, "queue"),
         ({"queue": "two words"}, "queue"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import Any, Literal
 
 import pytest
@@ -149,3 +152,74 @@ async def test_the_toolkit_digest_changes_with_any_schema_or_relay_flag():
 
     assert base.digest() == same.digest()
     assert len({base.digest(), schema.digest(), local.digest()}) == 3
+
+
+# -- issue 51: per-tool timeouts ----------------------------------------------------------------
+
+
+async def test_an_async_call_past_its_tools_timeout_is_cancelled_and_its_result_says_so(tmp_path):
+    # Given an async tool with a timeout of 0.2 s that would take 30
+    cancelled: list[bool] = []
+
+    async def slow(args: dict[str, Any], c: ToolContext) -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "late"
+
+    # When it is called
+    began = time.monotonic()
+    out = await define_tool("slow", "s", None, slow, timeout=0.2).invoke({}, ctx(tmp_path))
+
+    # Then the call ends within its bound, cancelled, and its result is an error naming it
+    assert time.monotonic() - began < 10
+    assert cancelled == [True]
+    assert isinstance(out, ToolResult)
+    assert out.is_error
+    assert "the tool 'slow' did not return within 0.2 s" in out.output
+
+
+async def test_a_sync_call_past_the_agents_timeout_returns_while_its_thread_runs_on(tmp_path):
+    # Given a sync tool with no timeout of its own, its caller's default 0.2 s
+    release = threading.Event()
+
+    @tool
+    def hang() -> str:
+        release.wait(30)
+        return "late"
+
+    try:
+        # When it is called and never returns
+        out = await hang.invoke({}, ctx(tmp_path), timeout=0.2)
+
+        # Then its result is an error naming it, at the default's bound
+        assert isinstance(out, ToolResult)
+        assert out.is_error
+        assert "the tool 'hang' did not return within 0.2 s" in out.output
+        # ... and a tool's own timeout wins over the default
+        fast = define_tool("fast", "f", None, lambda a, c: "ok", timeout=5)
+        fine = await fast.invoke({}, ctx(tmp_path), timeout=0.01)
+        assert isinstance(fine, ToolResult)
+        assert fine.output == "ok"
+    finally:
+        release.set()
+
+
+async def test_a_tool_raising_its_own_timeout_error_is_an_ordinary_error(tmp_path):
+    def raises(args: dict[str, Any], c: ToolContext) -> str:
+        raise TimeoutError("upstream took too long")
+
+    out = await define_tool("up", "u", None, raises, timeout=5).invoke({}, ctx(tmp_path))
+    assert isinstance(out, ToolResult)
+    assert out.is_error
+    assert out.output == "TimeoutError: upstream took too long"
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "5", True])
+def test_a_timeout_that_is_not_a_positive_number_is_a_toolkit_error(bad):
+    with pytest.raises(ToolkitError, match="timeout must be a positive number of seconds"):
+        define_tool("t", "t", None, lambda a, c: "x", timeout=bad)
+    with pytest.raises(ToolkitError, match="timeout must be a positive number of seconds"):
+        tool(name="t", timeout=bad)(lambda: "x")
