@@ -43,6 +43,7 @@ from workers.config import celery_config
 from workers.doorbell import doorbell_for
 from workers.embedded import ensure_embedded_redis
 from workers.events import events_from_start
+from workers.malformed import malformed_message
 from workers.metrics import install as install_metrics
 
 __all__ = ["Consumer", "app", "exit_code", "settings"]
@@ -162,6 +163,44 @@ class Consumer(consumer.Consumer):
         conn.ensure_connection = often
         doorbell_for(conn)
         return super().ensure_connected(conn)
+
+    # A message the consumer cannot read as a task is dropped, logged without its
+    # content (`workers.malformed`); Celery's own handlers log its body, and what they
+    # do not catch stops the worker.
+
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().create_task_handler(*args, **kwargs)
+
+        def on_task_received(message: Any) -> None:
+            try:
+                handle(message)
+            except Exception as exc:
+                self._drop(message, exc)
+
+        return on_task_received
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        self._drop(message, None)
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._drop(message, exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._drop(message, exc)
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        self._drop(message, exc)
+
+    def _drop(self, message: Any, exc: Exception | None) -> None:
+        headers = getattr(message, "headers", None)
+        task = headers.get("task") if isinstance(headers, dict) else None
+        queue = (getattr(message, "delivery_info", None) or {}).get("routing_key")
+        named = str(task)[:100] if task else None
+        malformed_message(f"queue {queue}" if queue else "a queue", exc, named)
+        try:
+            message.reject(requeue=False)
+        except Exception as failed:  # already acknowledged, or its channel gone
+            log.info("a dropped message could not be rejected: %s", type(failed).__name__)
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         # Celery internal: `Consumer.start` calls this once a connected consumer

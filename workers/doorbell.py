@@ -22,8 +22,10 @@ from __future__ import annotations
 from typing import Any, cast
 
 from kombu.transport import redis, virtual
+from kombu.transport.virtual import Empty
 
 from store.outbox import ANSWER_TASK, TURN_TASK
+from workers.malformed import malformed_message
 
 __all__ = ["RESENT_BY_THE_SWEEPER", "Channel", "doorbell_for"]
 
@@ -99,6 +101,20 @@ class QoS(redis.QoS):
 
 class Channel(redis.Channel):
     QoS = QoS
+
+    def _brpop_read(self, **options: Any) -> bool:
+        # kombu internal: the channel's read of one message it popped from a queue, then
+        # decoded and handed on to the consumer; what fails there, other than the
+        # connection, fails in the hub and stops the worker (celery#4308, #7975).
+        try:
+            return bool(super()._brpop_read(**options))
+        except (Empty, *self.connection_errors):
+            raise
+        except Exception as exc:
+            # The message is gone from its queue and is not kept: one that was a turn's or
+            # an answer's doorbell is rung again by the sweeper, from the store.
+            malformed_message("a queue", exc)
+            return True
 
 
 def doorbell_for(connection: Any) -> None:
