@@ -54,6 +54,9 @@ class Heartbeat:
         self._wedged = False
         self.loop_stalled: Callable[[], bool] = lambda: False
         """Whether the process's event loop has stopped turning (`tasks.loopwatch`)."""
+        self.checks: list[Callable[[], None]] = []
+        """The process's own health checks, each run after every beat on the heartbeat's
+        thread, so a stalled loop does not stop them (`tasks.memory`)."""
 
     def start(self) -> None:
         """Write the first beat now (so no claim of this process is seen without one;
@@ -84,6 +87,11 @@ class Heartbeat:
     def _run(self, stop: threading.Event) -> None:
         while not stop.wait(self.every):
             self._beat()
+            for check in self.checks:
+                try:
+                    check()
+                except Exception as exc:  # a check is advice: it never stops the beats
+                    log.warning("a health check failed: %s", type(exc).__name__)
 
     def _beat(self, *, first: bool = False) -> None:
         if not first and (self.loop_stalled() or self._held_by_a_lost_call()):

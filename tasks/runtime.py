@@ -297,9 +297,9 @@ class Runtime:
         return None
 
     def retire(self, reason: str) -> None:
-        """This worker is unwell for good (stuck tool threads): it takes no new turn, ends
-        what it holds and ends, for its supervisor to start a new one (`on_retire`). Once;
-        from any thread."""
+        """This worker is unwell for good (stuck tool threads, its memory over its bound):
+        it takes no new turn, finishes what it holds and ends, for its supervisor to start
+        a new one (`on_retire`). Once; from any thread."""
         with self._retire_lock:
             if self.retiring is not None:
                 return

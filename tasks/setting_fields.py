@@ -4,6 +4,7 @@ Celery configuration). `tasks.settings` declares every setting with these."""
 
 from __future__ import annotations
 
+import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
@@ -92,6 +93,27 @@ def age(key: str, value: Any) -> timedelta | None:
             f"not {value!r}"
         )
     return read
+
+
+_UNITS = {"": 2**20, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6}
+_UNITS |= {"g": 2**30, "gib": 2**30, "gb": 10**9}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
+
+
+def memory(key: str, value: Any) -> int | None:
+    """A size in bytes from `512MiB`, `2GiB`, `800MB` (a plain number: MiB), at least
+    16 MiB and at most a PiB; `off` (or 0) for none."""
+    raw = str(value).strip().lower()
+    if raw in ("off", "none", "0"):
+        return None
+    match = _SIZE.fullmatch(raw)
+    unit = _UNITS.get(match.group(2)) if match else None
+    size = int(float(match.group(1)) * unit) if match and unit else 0
+    if not 16 * 2**20 <= size <= 2**50:
+        raise ValueError(
+            f"{key} must be a size such as 512MiB or 2GiB (at least 16MiB), or off; not {value!r}"
+        )
+    return size
 
 
 def names(_: str, value: Any) -> tuple[str, ...]:

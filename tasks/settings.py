@@ -57,6 +57,7 @@ from tasks.setting_fields import (
     age,
     answer_bytes,
     count,
+    memory,
     names,
     option,
     read_fields,
@@ -194,6 +195,9 @@ class WorkerSettings:
     tool_threads_stuck: int = option("tool_threads_stuck", parse=count(1), default=8)
     """Sync tool calls given up on (a timeout) whose threads still run, at which the worker
     retires: it finishes what it holds and ends, for its supervisor to start a new one."""
+    max_memory: int | None = option("worker_max_memory", parse=memory, default=None, shown="off")
+    """A worker over this much resident memory retires (`tasks.memory`); a prefork
+    worker's children are bounded by it instead (Celery's `worker_max_memory_per_child`)."""
     task_events: bool = option("task_events", default=False)
     """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
     task_log: bool = option("task_log", default=True)

@@ -60,6 +60,7 @@ from celery.utils.threads import LocalStack
 from celery.worker import state as worker_state
 from greenlet import greenlet  # type: ignore[import-untyped]
 
+from tasks.memory import MemoryBound
 from tasks.runtime import EXIT_RETIRED, Runtime, deferring
 
 __all__ = ["AsyncioPool", "requests_kept_apart"]
@@ -137,6 +138,9 @@ class AsyncioPool(BasePool):
         rt = Runtime.current()
         self._loop = rt.loop
         rt.on_retire.append(self._retire)
+        bound = rt.settings.worker.max_memory
+        if bound is not None:
+            rt.heartbeat.checks.append(MemoryBound(bound, rt.retire).check)
 
     def _retire(self, reason: str) -> None:
         """The worker retires (`Runtime.retire`): a warm shutdown, as SIGTERM's, but ending

@@ -85,4 +85,9 @@ def _pool(settings: Settings) -> dict[str, Any]:
             "worker_pool": "workers.aio:AsyncioPool",
             "worker_concurrency": settings.worker.concurrency or 500,
         }
-    return {"worker_pool": settings.worker.pool, "worker_concurrency": settings.worker.concurrency}
+    pool = {"worker_pool": settings.worker.pool, "worker_concurrency": settings.worker.concurrency}
+    if settings.worker.max_memory is not None and settings.worker.pool == "prefork":
+        # Celery replaces a child over it once its task ends (KiB); the asyncio pool's
+        # one process retires instead (`tasks.memory`).
+        pool["worker_max_memory_per_child"] = settings.worker.max_memory // 1024
+    return pool

@@ -4,6 +4,7 @@
 seconds, 600 unless set), with no timeout: the turn's time limit gives up on it.
 `wedge_bounded`: the same tool under the agent's `tool_timeout` of 1 s: the call's
 result is an error, and the run goes on to its end.
+`hog`: one call of a tool that allocates `RELAYQ_TEST_HOG_MIB` (400) and keeps it.
 """
 
 from __future__ import annotations
@@ -34,3 +35,24 @@ WEDGE = define_tool("wedge", "w", None, wedge)
 
 wedged = Agent("wedge", wedge_model, tools=[WEDGE])
 bounded = Agent("wedge_bounded", wedge_model, tools=[WEDGE], tool_timeout=timedelta(seconds=1))
+
+
+KEPT: list[bytearray] = []
+"""What the `hog` tool allocated: kept for the life of the process, as a leak is."""
+
+
+async def hog(args: dict[str, object], ctx: ToolContext) -> str:
+    mib = int(os.environ.get("RELAYQ_TEST_HOG_MIB", "400"))
+    KEPT.append(bytearray(b"\x01") * (mib * 2**20))  # written: resident, not just reserved
+    note("tool", f"hog {ctx.run_id} attempt {ctx.attempt}")
+    return f"kept {mib} MiB"
+
+
+async def hog_model(req: InProcessRequest) -> InProcessResponse:
+    outputs = tool_outputs(req)
+    if outputs:
+        return InProcessResponse(content=outputs[-1])
+    return calls(("c1", "hog"))
+
+
+hogging = Agent("hog", hog_model, tools=[define_tool("hog", "h", None, hog)])

@@ -9,7 +9,9 @@ import pytest
 
 from relayq.retry import backoff
 from tasks import Settings
+from tasks.memory import MemoryBound, MiB, rss_bytes
 from tasks.settings import MAX_COUNTDOWN
+from workers.config import celery_config
 
 
 def test_with_nothing_set_the_store_is_sqlite_and_the_broker_embedded(tmp_path):
@@ -88,6 +90,8 @@ def test_the_recovery_bounds_default_to_meeting_thirty_seconds_and_can_be_set():
         ({"RELAYQ_SWEEP_EVERY": "soon"}, "RELAYQ_SWEEP_EVERY must be a number"),
         ({"RELAYQ_WORKER_TIMEOUT": "0"}, "RELAYQ_WORKER_TIMEOUT must be more than 0"),
         ({"RELAYQ_WORKER_TIMEOUT": "3"}, "at least twice RELAYQ_HEARTBEAT_EVERY"),
+        ({"RELAYQ_LOOP_STALL": "30"}, "RELAYQ_LOOP_STALL_EXIT must be longer than"),
+        ({"RELAYQ_TOOL_THREADS": "0"}, "RELAYQ_TOOL_THREADS must be a whole number of at least 1"),
     ],
 )
 def test_a_recovery_setting_that_cannot_work_is_refused(env: dict[str, str], says: str):
@@ -144,3 +148,41 @@ def test_webhook_events_are_kept_a_week_and_the_audit_trail_for_good_unless_told
     assert told.recovery.audit_retention == timedelta(weeks=1)
     with pytest.raises(ValueError, match="RELAYQ_AUDIT_RETENTION must be an age"):
         Settings.from_env({"RELAYQ_AUDIT_RETENTION": "forever"})
+
+
+@pytest.mark.parametrize(
+    ("given", "size"),
+    [
+        ("512MiB", 512 * 2**20),
+        ("2GiB", 2 * 2**30),
+        ("800MB", 800 * 10**6),
+        ("1.5g", int(1.5 * 2**30)),
+        ("300", 300 * 2**20),  # a plain number is MiB
+        ("off", None),
+        ("0", None),
+    ],
+)
+def test_the_worker_memory_bound_reads_a_size_or_off(given: str, size: int | None):
+    assert Settings.from_env({"RELAYQ_WORKER_MAX_MEMORY": given}).worker.max_memory == size
+
+
+@pytest.mark.parametrize("given", ["lots", "-5MiB", "10MiB", "5PB", "512 bananas", "1e9"])
+def test_a_worker_memory_bound_that_is_no_size_is_refused_naming_the_variable(given: str):
+    with pytest.raises(ValueError, match="RELAYQ_WORKER_MAX_MEMORY must be a size such as"):
+        Settings.from_env({"RELAYQ_WORKER_MAX_MEMORY": given})
+
+
+def test_a_worker_over_its_memory_bound_is_retired_once_with_the_reason():
+    retired: list[str] = []
+    MemoryBound(rss_bytes() * 4, retired.append).check()
+    assert retired == []  # well under
+    MemoryBound(16 * MiB, retired.append).check()
+    assert len(retired) == 1
+    assert retired[0].endswith("is over RELAYQ_WORKER_MAX_MEMORY (16 MiB)")
+
+
+def test_a_prefork_worker_bounds_its_children_in_kib_and_an_asyncio_one_does_not():
+    env = {"RELAYQ_WORKER_MAX_MEMORY": "512MiB"}
+    prefork = celery_config(Settings.from_env({**env, "RELAYQ_POOL": "prefork"}))
+    assert prefork["worker_max_memory_per_child"] == 512 * 1024
+    assert "worker_max_memory_per_child" not in celery_config(Settings.from_env(env))
