@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 from hypothesis import given
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from relayq import transcript as tx
 from relayq.providers import openai_wire
-from relayq.providers._fragments import Fragments, dumps
+from relayq.providers._fragments import Fragments, dumps, heap_bytes
 
 TEXT = st.text(max_size=12)
 CALL = st.builds(
@@ -93,10 +94,56 @@ def test_a_message_seen_before_is_not_encoded_again():
     assert len(encoded) == 4
 
 
-def test_past_its_limit_the_cache_starts_afresh_and_stays_true():
-    kept = Fragments(lambda m: m, limit=100)
+def test_past_its_limit_the_least_recently_used_go_first_and_it_stays_true():
+    # Given a cache that keeps 5 entries' worth of messages alive
+    one = {"role": "user", "content": "x" * 30}
+    kept = Fragments(lambda m: m, limit=5 * (heap_bytes(one) + 300))
     messages = [{"role": "user", "content": "x" * 30} for _ in range(10)]
-    for m in messages:
+    for m in messages[:4]:
         assert kept.of(m) == dumps(m)
-    assert len(kept) < 4
+    # When the first is used again, then six more are encoded
+    kept.of(messages[0])
+    for m in messages[4:]:
+        assert kept.of(m) == dumps(m)
+    # Then it holds no more than its bound, the oldest used went first, and what it
+    # gives is still true
+    assert kept.size <= kept.limit
+    assert len(kept) < 6
     assert kept.of(messages[0]) == dumps(messages[0])
+
+
+def test_what_the_cache_keeps_alive_is_within_its_bound_as_measured():
+    # Given a cache of 1 MiB, the only holder of the messages it encodes
+    limit = 2**20
+    kept = openai_wire.fragments()
+    kept.limit = limit
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        # When it encodes 20,000 short messages, as most of an agent's are (a short tool
+        # result and a call: the heap they hold is many times their JSON)
+        for i in range(10_000):
+            kept.of({"role": "tool", "tool_call_id": f"c{i}", "content": f"marked c{i}"})
+            kept.of(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": f"c{i}", "type": "function",
+                         "function": {"name": "look", "arguments": f'{{"q": "{i}"}}'}}
+                    ],
+                }
+            )  # fmt: skip
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # Then the heap it keeps, measured, is within its bound
+    assert kept.size <= limit
+    assert grown <= limit * 1.1, f"{grown / 2**20:.1f} MiB kept, bound {limit / 2**20:.0f}"
+
+
+def test_a_message_too_large_for_the_bound_is_encoded_and_not_kept():
+    kept = Fragments(lambda m: m, limit=1000)
+    huge = {"role": "user", "content": "x" * 5000}
+    assert kept.of(huge) == dumps(huge)
+    assert len(kept) == 0
