@@ -166,7 +166,19 @@ class BatchQueues(bootsteps.StartStopStep):
                 parent.cancel_task_queue(name)
             except Exception as exc:
                 log.warning("could not stop consuming queue %s: %r", name, exc)
-            queues.pop(name, None)  # a worker that runs for months meets many batches
+            queue = queues.pop(name, None)  # a worker that runs for months meets many batches
+            _delete(parent, queue or queue_named(name))
+
+
+def _delete(parent: Any, queue: Any) -> None:
+    """The finished batch's queue off the broker, with its exchange's bindings (kombu's
+    Redis transport keeps two keys a queue, which outlive it): each worker that served it
+    deletes it once it stops; what was left in it is no run's any more (the batch ended),
+    and a batch run again declares it anew."""
+    try:
+        queue.bind(parent.connection.default_channel).delete()
+    except Exception as exc:
+        log.info("could not delete finished queue %s: %s", queue.name, type(exc).__name__)
 
 
 @control_command(name="relayq_batches_changed")

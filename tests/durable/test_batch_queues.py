@@ -161,6 +161,33 @@ async def test_every_turn_of_a_batch_goes_to_its_queue_after_an_answer_and_on_a_
     assert {t.queue for t in turns} == {queue}
 
 
+async def test_a_finished_batch_leaves_no_key_on_the_broker(
+    place: Place, tag: str, eventually: Eventually
+):
+    # Given a worker, and a batch of three runs
+    place.worker()
+    client = place.client()
+    started = await client.start_batch("stepping", jobs(tag, "k", 3))
+    queue = batch_queue_name(TURNS, started.batch_id).encode()
+    broker = redis.Redis.from_url(
+        place.env["RELAYQ_BROKER_URL"].replace("redis+socket://", "unix://")
+    )
+    prefix = place.env["RELAYQ_KEY_PREFIX"]
+
+    def left() -> list[bytes]:
+        return [k for k in broker.scan_iter(match=f"{prefix}*", count=1000) if queue in k]
+
+    await eventually(left, what="the batch's queue on the broker")
+
+    # When the batch finishes, and the worker stops consuming its queue
+    await eventually(done_within(client, started.batch_id, 3), timeout=60, what="the batch done")
+
+    # Then no key on the broker names its queue: not the queue, nor its exchange's
+    # bindings (kombu's Redis transport kept two a batch for good)
+    await eventually(lambda: not left(), what="the batch's keys gone")
+    broker.close()
+
+
 async def test_a_batch_started_with_no_worker_waits_at_low_priority_until_one_starts(
     place: Place, tag: str, eventually: Eventually
 ):
