@@ -23,6 +23,7 @@ is the store's to enforce (`store.votes`); everything here is pure.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -284,6 +285,8 @@ def requires_approval(
 
     async def gated(args: dict[str, Any], ctx: ToolContext) -> ToolResult | Request:
         if ctx.answer is None:
+            if callable(prompt):  # the user's code: on a thread, never on the loop
+                return await asyncio.to_thread(_ask, tool, policy, prompt, args)
             return _ask(tool, policy, prompt, args)
         asked = Request(
             id=ctx.answer.id, kind=APPROVAL_KIND, prompt="", data={"schema": tool.schema}

@@ -21,13 +21,14 @@ The events, their order and an example (tokens counted per tenant): docs/hooks.m
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from relayq import RelayqError, Usage
@@ -264,7 +265,16 @@ class Sending:
 
 
 class RunHooks:
-    """The base of every hook: each method does nothing until a subclass overrides it."""
+    """The base of every hook: each method does nothing until a subclass overrides it.
+
+    An `async def` method is awaited on the worker's loop; a plain `def` one runs on a
+    thread (the loop's default executor: `tasks.tool_threads`), so a hook that blocks
+    never stalls the turns beside it. relayq's own hooks, quick and written for the
+    loop, set `on_loop` and are called on it.
+    """
+
+    on_loop: ClassVar[bool] = False
+    """Call this hook's plain methods on the loop (relayq's own hooks only)."""
 
     def before_turn(self, event: TurnStarted) -> Any: ...
     def after_turn(self, event: TurnEnded) -> Any: ...
@@ -325,7 +335,11 @@ class Hooks:
             hooks = tuple(reversed(hooks))
         for hook in hooks:
             try:
-                result = getattr(hook, method)(event)
+                call = getattr(hook, method)
+                if hook.on_loop or inspect.iscoroutinefunction(call):
+                    result = call(event)
+                else:
+                    result = await asyncio.to_thread(call, event)
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:

@@ -188,6 +188,8 @@ class FlowerProgress(RunHooks):
     no progress events there.
     """
 
+    on_loop = True  # quick, and made for the loop (`RunHooks.on_loop`)
+
     def before_turn(self, event: TurnStarted) -> None:
         _turn.set(event)
 

@@ -174,6 +174,8 @@ class RunAnnouncer(RunHooks):
     (declining a budget does). A run whose next turn is queued, or that is sent
     again, is not announced: waiters would only read a status they do not wait for."""
 
+    on_loop = True  # quick, and made for the loop (`RunHooks.on_loop`)
+
     def __init__(self, settings: Settings, db: Database, io: Callable[..., Awaitable[Any]]) -> None:
         self.settings = settings
         self.db = db

@@ -240,6 +240,8 @@ def count_rate_limited(provider: str, *, model: str = "", status: int = 429) -> 
 class Metrics(RunHooks):
     """Turns and model calls, as the metrics above: registered on every runtime."""
 
+    on_loop = True  # quick, and made for the loop (`RunHooks.on_loop`)
+
     def after_turn(self, event: TurnEnded) -> None:
         TURN_SECONDS.labels(event.agent, event.outcome.value).observe(event.seconds)
 

@@ -289,6 +289,8 @@ class Tracing(RunHooks):
     Every method returns at once while tracing is off (`enabled()`).
     """
 
+    on_loop = True  # quick, and made for the loop (`RunHooks.on_loop`)
+
     def __init__(
         self,
         db: Database,

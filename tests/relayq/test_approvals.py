@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,24 @@ async def test_the_approvals_relay_contract_holds_with_two_gated_calls_in_one_tu
 
     assert ran == [{"order": "1", "amount": 10}]
     assert [c.is_error for c in done.tool_calls] == [False, True]
+
+
+async def test_a_prompt_function_runs_on_a_thread_not_on_the_loop(tmp_path: Path):
+    # Given an approval whose prompt is a function of the arguments
+    called_on: list[int] = []
+
+    def line(args: dict[str, Any]) -> str:
+        called_on.append(threading.get_ident())
+        return f"refund {args['amount']} on {args['order']}?"
+
+    gated = requires_approval(refund_tool([]), prompt=line)
+    ctx = ToolContext(run_id="run_1", call_id="c1", tool_name="refund", base_dir=tmp_path)
+
+    # When the call asks for its approval
+    asked = await gated.invoke({"order": "A1", "amount": 5}, ctx)
+
+    # Then the request carries the line, made on another thread than the loop's
+    assert isinstance(asked, Request)
+    assert asked.prompt == "refund 5 on A1?"
+    assert called_on
+    assert called_on[0] != threading.get_ident()

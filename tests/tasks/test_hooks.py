@@ -6,7 +6,10 @@ on a worker: tests/durable/test_hooks.py."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,54 @@ async def test_a_hook_is_called_only_for_the_methods_it_overrides():
     await hooks.emit("after_request_opened", object())  # Recorder leaves it to the base
     await hooks.emit("after_tool", END)
     assert [(who, method) for who, method, _ in seen] == [("x", "after_tool")]
+
+
+class Where(RunHooks):
+    """Notes which thread each of its methods ran on."""
+
+    def __init__(self, seen: list[tuple[str, int]]) -> None:
+        self.seen = seen
+
+    def before_turn(self, event: TurnStarted) -> None:
+        time.sleep(0.2)  # a blocking call, as a hook writing to a slow service makes
+        self.seen.append(("sync", threading.get_ident()))
+
+    async def after_turn(self, event: TurnEnded) -> None:
+        self.seen.append(("async", threading.get_ident()))
+
+
+class OwnWhere(Where):
+    on_loop = True  # as relayq's own hooks
+
+
+async def test_a_plain_hook_method_runs_on_a_thread_and_never_holds_the_loop():
+    # Given a user's hook whose plain method blocks for 0.2 s, and one of relayq's own
+    seen: list[tuple[str, int]] = []
+    own: list[tuple[str, int]] = []
+    hooks = Hooks([Where(seen), OwnWhere(own)])
+    loop_thread = threading.get_ident()
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticking = asyncio.create_task(tick())
+    try:
+        # When each event is emitted
+        await hooks.emit("before_turn", START)
+        await hooks.emit("after_turn", END)
+    finally:
+        ticking.cancel()
+    # Then the user's plain method ran on another thread, and the loop turned meanwhile;
+    # its async method, and relayq's own hook's plain one, ran on the loop
+    assert seen[0][0] == "sync"
+    assert seen[0][1] != loop_thread
+    assert seen[1] == ("async", loop_thread)
+    assert own == [("sync", loop_thread), ("async", loop_thread)]
+    assert ticks >= 5
 
 
 def test_only_run_hooks_are_taken():
