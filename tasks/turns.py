@@ -31,6 +31,7 @@ from celery import Task, shared_task
 from celery.exceptions import Retry
 
 from relayq import ModelError, RunCancelled, Toolkit
+from relayq import transcript as tx
 from relayq.agents import Agent, AgentError
 from relayq.loop import Turn, take_turn
 from relayq.pricing import cost_of
@@ -115,7 +116,7 @@ async def _claimed(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
         try:
             if claim.crashes > rt.settings.turns.crash_limit:
                 # The turn keeps killing its worker.
-                error = f"the worker died {claim.crashes} times running this turn; giving up"
+                error = f"the worker died {claim.crashes} times running {_where(claim)}; giving up"
                 await fail_turn(rt, claim, error)
             try:
                 agent = rt.agent(claim.agent)
@@ -161,6 +162,18 @@ async def _claimed(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
             outcome = report.outcome = await give_back(rt, claim, exc)
             await resend(rt, task, outcome)
         return outcome
+
+
+def _where(claim: Claim) -> str:
+    """`turn 3, in tool `x` (call c1)`: the turn, and the calls of its saved reply that
+    have no result yet, one of which was running when the worker died (the reply is saved
+    before tools run); with none, the turn was waiting on its model."""
+    todo = [slot.call for slot in tx.slots(claim.messages) if slot.state == "todo"]
+    if not todo:
+        return f"turn {claim.turns + 1}"
+    named = ", ".join(f"`{call.name}` (call {call.id})" for call in todo)
+    tools = f"tool {named}" if len(todo) == 1 else f"one of the tools {named}"
+    return f"turn {claim.turns}, in {tools}"
 
 
 async def _claim(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> Claim | None:

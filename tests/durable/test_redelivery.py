@@ -80,7 +80,7 @@ async def test_a_turn_that_kills_its_worker_every_time_fails_after_the_crash_lim
     assert res.run_id is not None
     assert (res.status, res.error) == (
         "failed",
-        "the worker died 3 times running this turn; giving up",
+        "the worker died 3 times running turn 1, in tool `doom` (call c1); giving up",
     )
     assert durable.count("tool", f"doom {res.run_id}") == 3
 
