@@ -92,6 +92,9 @@ class ToolThreads(ThreadPoolExecutor):
         self._lock = threading.Lock()
         self._threads: set[_Thread] = set()  # not abandoned
         self._idle = 0
+        """Threads waiting for a call no one has reserved them for."""
+        self._backlog = 0
+        """Calls queued with no thread reserved for them (every thread busy)."""
         self._started = 0
         self._stuck = 0
         self._told = False
@@ -110,25 +113,30 @@ class ToolThreads(ThreadPoolExecutor):
                 raise RuntimeError("cannot run a tool call after the tool threads shut down")
             future = _Call(self)
             self._work.put(_Work(future, fn, args, kwargs))
-            self._grow()
+            # Each call queued is some thread's from here on: an idle one's, a new one's,
+            # or the next to finish (the backlog). Counting an idle thread only once it
+            # dequeued would let two calls at once both count on it, one behind the other.
+            if self._idle > 0:
+                self._idle -= 1
+            else:
+                self._backlog += 1
+                self._grow()
         return future
 
     def _grow(self) -> None:
-        """Under the lock: a thread more when none is idle and the pool has room."""
-        if self._idle == 0 and len(self._threads) < self.size:
+        """Under the lock: a new thread for a call of the backlog, while the pool has room."""
+        if self._backlog > 0 and len(self._threads) < self.size:
+            self._backlog -= 1
             self._started += 1
             thread = _Thread(target=self._serve, name=f"{self._name}-{self._started}", daemon=True)
             self._threads.add(thread)
-            self._idle += 1  # until it takes its first call
             thread.start()
 
     def _serve(self) -> None:
         me = threading.current_thread()
         assert isinstance(me, _Thread)
         while True:
-            work = self._work.get()
-            with self._lock:
-                self._idle -= 1
+            work = self._work.get()  # one call reserved for this thread, or a sentinel
             if work is None:
                 with self._lock:
                     self._threads.discard(me)
@@ -148,7 +156,10 @@ class ToolThreads(ThreadPoolExecutor):
                     self._stuck -= 1
                     set_stuck_tool_threads(self._stuck)
                     return  # replaced when it was abandoned
-                self._idle += 1
+                if self._backlog > 0:
+                    self._backlog -= 1  # the next call queued is this thread's
+                else:
+                    self._idle += 1
 
     def _abandon(self, future: _Call) -> None:
         with self._lock:

@@ -42,6 +42,22 @@ async def test_calls_return_their_result_or_raise_their_error():
         pool.shutdown()
 
 
+async def test_calls_submitted_together_each_get_a_thread_of_their_own():
+    # Given a pool of two with one thread, idle after a first call
+    pool = ToolThreads(2, stuck_limit=4)
+    try:
+        await on(pool, lambda: None)
+
+        # When two calls that each wait for the other are submitted at once
+        meet = threading.Barrier(2, timeout=5)
+        both = await asyncio.wait_for(asyncio.gather(on(pool, meet.wait), on(pool, meet.wait)), 10)
+
+        # Then they ran side by side: the idle thread was counted on by one of them only
+        assert sorted(both) == [0, 1]
+    finally:
+        pool.shutdown()
+
+
 async def test_a_call_given_up_on_frees_its_place_and_is_counted_until_it_returns():
     # Given a pool of one thread, and a call that holds it until released
     release = threading.Event()
