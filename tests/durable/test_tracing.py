@@ -239,7 +239,16 @@ async def test_a_run_on_a_real_worker_is_one_trace_carried_by_the_store_and_the_
         found = [s for s in read_lines(worker_spans) if s["trace_id"] == root["trace_id"]]
         return found if len([s for s in found if s["name"] == "relayq.turn"]) == 3 else []
 
-    remote = await eventually(worker_trace, what="the worker's spans")
+    try:
+        remote = await eventually(worker_trace, what="the worker's spans")
+    except pytest.fail.Exception:
+        # Say what the worker did write: which spans, in which traces (a full suite's run
+        # once found fewer or more than the three turns in the root's trace).
+        wrote = [(s["trace_id"][:8], s["name"], s["parent_id"]) for s in read_lines(worker_spans)]
+        pytest.fail(
+            f"the worker's three turns in the root's trace {root['trace_id'][:8]} did not come "
+            f"within 30 s; it wrote {wrote}"
+        )
     trace = [s for s in host if s["trace_id"] == root["trace_id"]] + remote
     names = sorted(s["name"] for s in trace)
     assert names == sorted(
