@@ -9,7 +9,6 @@ import ast
 import asyncio
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -59,17 +58,19 @@ async def test_a_hook_is_called_only_for_the_methods_it_overrides():
 
 
 class Where(RunHooks):
-    """Notes which thread each of its methods ran on."""
+    """Notes which thread each of its methods ran on; its plain method blocks until the
+    loop has turned (at most 5 s), as a hook writing to a slow service would block."""
 
-    def __init__(self, seen: list[tuple[str, int]]) -> None:
+    def __init__(self, seen: list[tuple[str, int, bool]], turned: threading.Event) -> None:
         self.seen = seen
+        self.turned = turned
 
     def before_turn(self, event: TurnStarted) -> None:
-        time.sleep(0.2)  # a blocking call, as a hook writing to a slow service makes
-        self.seen.append(("sync", threading.get_ident()))
+        released = self.turned.wait(timeout=5)
+        self.seen.append(("sync", threading.get_ident(), released))
 
     async def after_turn(self, event: TurnEnded) -> None:
-        self.seen.append(("async", threading.get_ident()))
+        self.seen.append(("async", threading.get_ident(), True))
 
 
 class OwnWhere(Where):
@@ -77,33 +78,30 @@ class OwnWhere(Where):
 
 
 async def test_a_plain_hook_method_runs_on_a_thread_and_never_holds_the_loop():
-    # Given a user's hook whose plain method blocks for 0.2 s, and one of relayq's own
-    seen: list[tuple[str, int]] = []
-    own: list[tuple[str, int]] = []
-    hooks = Hooks([Where(seen), OwnWhere(own)])
+    # Given a user's hook whose plain method blocks until the loop turns, and one of
+    # relayq's own, and a task on the loop that says when it turned
+    turned = threading.Event()
+    seen: list[tuple[str, int, bool]] = []
+    own: list[tuple[str, int, bool]] = []
+    hooks = Hooks([Where(seen, turned), OwnWhere(own, turned)])
     loop_thread = threading.get_ident()
-    ticks = 0
 
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
+    async def turn() -> None:
+        turned.set()
 
-    ticking = asyncio.create_task(tick())
-    try:
-        # When each event is emitted
-        await hooks.emit("before_turn", START)
-        await hooks.emit("after_turn", END)
-    finally:
-        ticking.cancel()
-    # Then the user's plain method ran on another thread, and the loop turned meanwhile;
-    # its async method, and relayq's own hook's plain one, ran on the loop
-    assert seen[0][0] == "sync"
-    assert seen[0][1] != loop_thread
-    assert seen[1] == ("async", loop_thread)
-    assert own == [("sync", loop_thread), ("async", loop_thread)]
-    assert ticks >= 5
+    turning = asyncio.create_task(turn())
+
+    # When each event is emitted
+    await hooks.emit("before_turn", START)
+    await hooks.emit("after_turn", END)
+    await turning
+
+    # Then the user's plain method ran on another thread, and the loop turned while it
+    # blocked; its async method, and relayq's own hook's plain one, ran on the loop
+    assert seen[0][:2] != ("sync", loop_thread)
+    assert seen[0][2], "the loop did not turn while the hook blocked"
+    assert seen[1] == ("async", loop_thread, True)
+    assert own == [("sync", loop_thread, True), ("async", loop_thread, True)]
 
 
 def test_only_run_hooks_are_taken():
