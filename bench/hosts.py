@@ -69,7 +69,7 @@ class Parts:
         log = self.home / "worker.log"
         worker = start_worker(self.env, "asyncio", 500, log, "bench-hosts")
         self.procs.append((worker, log, b"ready."))
-        self._spawn(self.env, self.home / "api.log", b"Application startup complete",
+        self._spawn(self.env, self.home / "api.log", b"Uvicorn running on",
                     "api", "--port", str(self.port))  # fmt: skip
         self.wait_ready()
 

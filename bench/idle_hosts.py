@@ -118,7 +118,7 @@ def start_api(env: dict[str, str], code: Code, port: int, log: Path) -> subproce
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     deadline = time.monotonic() + 60
-    while b"Application startup complete" not in log.read_bytes():
+    while b"Uvicorn running on" not in log.read_bytes():
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
             raise RuntimeError(f"the API did not start:\n{log.read_text()[-2000:]}")

@@ -452,6 +452,11 @@ def api(durable: Durable) -> Iterator[ApiServer]:
     yield from serve_api(durable)
 
 
+LISTENING = b"Uvicorn running on"
+"""What uvicorn logs once its socket listens: "Application startup complete" comes before
+the socket is bound, and a request made on it can be refused."""
+
+
 def start_api_process(env: dict[str, str], port: int, log: Path, command: str = "api") -> Proc:
     """`relayq api` (or `command`: `mcp`) as a real process on `port`, its output
     (uvicorn's logs) in `log`; the test fails if it does not start within 30 s."""
@@ -462,9 +467,7 @@ def start_api_process(env: dict[str, str], port: int, log: Path, command: str = 
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        until(
-            lambda: started(proc, log, b"Application startup complete"), what=f"{command} to start"
-        )
+        until(lambda: started(proc, log, LISTENING), what=f"{command} to start")
     except BaseException:
         stop_group(proc)
         raise
