@@ -51,6 +51,10 @@
     ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
     ├── OutOfTime            a turn's time limit passed; names the tool calls still running
     │                        (a TimeoutError too: tasks.turn_failed)
+    ├── ProcessDied          the process running a turn alone ended before it answered
+    │                        (tasks.alone)
+    ├── AloneError           a turn run alone met an error its process reports by type
+    │                        (tasks.alone)
     ├── BadHook              not a RunHooks, or a hook name that does not load (tasks.hooks)
     ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.host.client)
     ├── HostRefused          the API refused a relay host for good: a bad token, a tool it

@@ -5,7 +5,8 @@ Each sweep, from the store alone (it is the source of truth):
 - expires overdue requests (or escalates them, or notices them overdue), and sends
   the reminders that are due;
 - re-queues `running` runs whose worker died (its heartbeat stopped, or on
-  this host its process is gone), or, for claims no worker stands behind,
+  this host its process is gone: counted against a turn that ran alone, a
+  suspect mark on one that shared its process), or, for claims no worker stands behind,
   whose lease lapsed; a stale heartbeat counts only while the sweeper's own
   beats have been steady (`heartbeats_steady`: after the store was down or
   locked, every worker's beat is stale, and none of them is dead for it);
@@ -41,7 +42,7 @@ from store.outbox import (
     unpublished,
 )
 from store.runs import label_of
-from store.transitions import ONE_MORE_CRASH, move
+from store.transitions import ONE_MORE_CRASH, died_holding, move
 from store.workers import WORKER_TIMEOUT, live_workers, prune_workers
 
 __all__ = ["Recovery", "SweepReport", "sweep"]
@@ -178,8 +179,8 @@ def _requeue_abandoned(
             move(s, run, "queued", now=now, crashes=ONE_MORE_CRASH)
             report.freed.append(run.id)
         elif _abandoned(run, live, now):
-            # Its worker died holding it: that try counts.
-            move(s, run, "queued", now=now, crashes=ONE_MORE_CRASH)
+            # Its worker died holding it: counted against the turn if it ran alone.
+            move(s, run, "queued", now=now, **died_holding(run))
             report.requeued.append(run.id)
         else:
             continue

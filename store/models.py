@@ -97,7 +97,11 @@ class RunRow(SQLModel, table=True):
     attempts: int = 0
     """Model-call failures in a row; a turn that succeeds resets it."""
     crashes: int = 0
-    """Workers that died holding this turn; a turn that finishes resets it."""
+    """Workers that died holding this turn alone (`held_alone`); a turn that finishes
+    resets it."""
+    suspect: bool = False
+    """Its worker died holding it beside other turns: which of them killed it is not
+    known, so its next turns run alone until one ends (`tasks.alone`)."""
     started_by: str | None = None
     """The identity that started the run (an API token's name, `cli:<os user>`), if known."""
     batch_id: str | None = Field(default=None, index=True)
@@ -116,6 +120,8 @@ class RunRow(SQLModel, table=True):
     lease_until: datetime | None = _time()
     """For a claim no worker heartbeat stands behind: when it lapses. Not indexed: no query
     looks runs up by it (migration 0012)."""
+    held_alone: bool | None = None
+    """The claim's process runs no other turn meanwhile: its death is this turn's doing."""
     turns: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import bindparam, func
+from sqlalchemy import Boolean, and_, bindparam, func, not_, or_
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import select
@@ -50,7 +50,7 @@ LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 # The statements every turn runs, built once.
 _CLAIMED = (
     "version", "agent", "conversation_id", "tools_digest", "attempts", "crashes", "turns",
-    "total_tokens", "cost", "budget", "batch_id",
+    "total_tokens", "cost", "budget", "batch_id", "suspect", "held_alone",
 )  # fmt: skip
 
 
@@ -66,10 +66,21 @@ BATCH_BUDGET = (
 )
 
 
+# The claimant's process runs the turn alone (its death is the turn's: `died_holding`) when
+# it runs one turn at a time (`alone`, a prefork child), or when the run is suspect and the
+# claimant cannot run it apart: a worker that can (`apart`) runs it in a child process of
+# its own (`tasks.alone`), and counts that child's death itself (`requeue_turn`).
+HELD_ALONE = or_(
+    bindparam("alone", type_=Boolean),
+    and_(RUNS.c.suspect, not_(bindparam("apart", type_=Boolean))),
+)
+
+
 CLAIM = (
     transition(
         "queued", "running", sets=("claimed_by", "worker", "lease_until"), returning=_CLAIMED
     )
+    .values(held_alone=HELD_ALONE)
     .where(RUNS.c.cancel_requested.is_(False))
     .returning(BATCH_BUDGET)
 )
@@ -114,6 +125,7 @@ def finish(to: str, *, charged: bool = False) -> Any:
         tools_digest=func.coalesce(RUNS.c.tools_digest, bindparam("digest")),
         attempts=0,
         crashes=0,
+        suspect=False,
         error=None,
         text=bindparam("text"),
     )

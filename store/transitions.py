@@ -95,7 +95,7 @@ def allowed(frm: str, to: str) -> bool:
 
 _RUNS = RunRow.__table__  # type: ignore[attr-defined]
 _OUTBOX = OutboxRow.__table__  # type: ignore[attr-defined]
-_CLAIM_FIELDS = ("claimed_by", "worker", "lease_until")
+_CLAIM_FIELDS = ("claimed_by", "worker", "lease_until", "held_alone")
 
 
 @functools.cache
@@ -167,3 +167,12 @@ ONE_MORE_ATTEMPT = _RUNS.c.attempts + 1
 """For `move(..., attempts=ONE_MORE_ATTEMPT)`: a failed try of the model call."""
 ONE_MORE_CRASH = _RUNS.c.crashes + 1
 """For `move(..., crashes=ONE_MORE_CRASH)`: the turn's worker died holding it."""
+
+
+def died_holding(run: RunRow) -> dict[str, Any]:
+    """For `move(..., **died_holding(run))`: the run's worker died holding it. A death is
+    counted against the turn (`RELAYQ_CRASH_LIMIT`) only when the turn had its process to
+    itself; a process that ran other turns too may have died of any of them, so each of
+    those turns is marked `suspect` instead, and runs alone next (`tasks.alone`), where
+    a death tells."""
+    return {"crashes": ONE_MORE_CRASH if run.held_alone else run.crashes, "suspect": True}

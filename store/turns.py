@@ -29,7 +29,7 @@ from store.models import BatchRow, OutboxRow, RunRow, utcnow
 from store.outbox import enqueue_turn, turn_label
 from store.requests import open_request
 from store.runs import cancel_locked, fail_locked, label_of
-from store.transitions import ONE_MORE_ATTEMPT, ONE_MORE_CRASH, SPENT_MESSAGES, move
+from store.transitions import ONE_MORE_ATTEMPT, ONE_MORE_CRASH, SPENT_MESSAGES, died_holding, move
 from store.workers import WORKER_TIMEOUT, holder_alive
 
 __all__ = [
@@ -71,6 +71,10 @@ class Claim:
     """The run's batch had a budget when the turn was claimed."""
     taken_over: bool = False
     """This delivery took the run over from one whose worker died."""
+    suspect: bool = False
+    """The run's worker died holding it beside other turns: it runs alone until a turn ends."""
+    alone: bool = False
+    """The claimant's process runs this turn alone: its death counts as the turn's."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """The conversation's transcript as the claim found it."""
 
@@ -86,6 +90,8 @@ def claim_turn(
     worker_timeout: timedelta = WORKER_TIMEOUT,
     kept: list[dict[str, Any]] | None = None,
     heartbeats_steady: Callable[[], bool] = lambda: True,
+    alone: bool = False,
+    apart: bool = False,
 ) -> Claim | None:
     """Take the run for one turn, or None if this message is stale or a duplicate.
 
@@ -94,7 +100,10 @@ def claim_turn(
     left the run with at `version`: a claim at that version proves nothing has
     changed it since, so it is not read again. A redelivered message takes its
     run over from a worker whose heartbeat is stale only while
-    `heartbeats_steady()` (see `store.maintenance`).
+    `heartbeats_steady()` (see `store.maintenance`). `alone`: the claimant's process runs
+    no other turn while this one runs (a prefork child); `apart`: the claimant runs a
+    suspect run's turn in a child process, and counts that child's death itself; where it
+    cannot, a suspect run's claim is held alone too (`store.statements.HELD_ALONE`).
     """
     now = utcnow()
     until = None if worker is not None else now + lease
@@ -111,6 +120,8 @@ def claim_turn(
                 "worker": worker,
                 "lease_until": until,
                 "now": now,
+                "alone": alone,
+                "apart": apart,
             },
         ).first()
         if took is not None:
@@ -148,7 +159,9 @@ def claim_turn(
             claimed_by=task_id,
             worker=worker,
             lease_until=until,
-            crashes=ONE_MORE_CRASH if taken_over else run.crashes,
+            # As `store.statements.HELD_ALONE`; a run taken over is suspect from now.
+            held_alone=alone or ((run.suspect or taken_over) and not apart),
+            **(died_holding(run) if taken_over else {}),
         )
         budgeted = run.batch_id is not None and bool(
             s.exec(select(BatchRow.budget).where(BatchRow.id == run.batch_id)).first()
@@ -186,6 +199,8 @@ def _claim_of(
         batch_id=run.batch_id,
         batch_budgeted=batch_budgeted,
         taken_over=taken_over,
+        suspect=bool(run.suspect),
+        alone=bool(run.held_alone),
         messages=messages,
     )
 
@@ -344,13 +359,20 @@ def retry_turn(
 
 
 def requeue_turn(
-    db: Database, claim: Claim, *, countdown: float, queue: str | None = None
+    db: Database,
+    claim: Claim,
+    *,
+    countdown: float,
+    queue: str | None = None,
+    died: bool = False,
 ) -> OutboxRow:
     """Give the run back to `queue` to wait for its provider: `retry_turn` without a failed
-    try counted or an error stored."""
+    try counted or an error stored. `died`: the child process that ran the turn alone died
+    (`tasks.alone`): the death is the turn's, counted."""
     with db.write() as s:
         run = _hold(s, claim)
-        move(s, run, "queued", now=utcnow())
+        deaths = {"crashes": ONE_MORE_CRASH, "suspect": True} if died else {}
+        move(s, run, "queued", now=utcnow(), **deaths)
         return enqueue_turn(
             s, run.id, run.version, label=label_of(run), countdown=countdown, queue=queue
         )

@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from store import OutboxRow
 from tasks.hooks import TurnOutcome
 
 if TYPE_CHECKING:
     from celery import Task
 
     from relayq.loop import Turn
-    from store import OutboxRow
 
 __all__ = ["Outcome", "TaskRef"]
 
@@ -29,6 +29,12 @@ class TaskRef:
     @property
     def id(self) -> str:
         return str(self.request.id)
+
+    @property
+    def traceparent(self) -> str | None:
+        """The trace the message was sent in (`tasks.observability.tracing`), if any."""
+        header = getattr(self.request, "traceparent", None)
+        return str(header) if header is not None else None
 
 
 @dataclass(frozen=True)
@@ -46,3 +52,24 @@ class Outcome:
 
     def __str__(self) -> str:
         return self.summary
+
+    def wire(self) -> dict[str, Any]:
+        """This outcome as JSON, for the worker whose child process took the turn
+        (`tasks.alone`); the turn itself stays behind (its hooks have heard of it)."""
+        resend = self.resend.model_dump(mode="json") if self.resend is not None else None
+        return {
+            "kind": self.kind.value,
+            "summary": self.summary,
+            "retry_in": self.retry_in,
+            "resend": resend,
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Outcome:
+        resend = data.get("resend")
+        return cls(
+            TurnOutcome(data["kind"]),
+            data["summary"],
+            data.get("retry_in"),
+            resend=OutboxRow.model_validate(resend) if resend is not None else None,
+        )

@@ -54,6 +54,7 @@ from store.retention import (
     purge_finished,
 )
 from store.workers import HOSTNAME
+from tasks.alone import AloneProcesses
 from tasks.broker.announce import RunAnnouncer
 from tasks.broker.dispatch import BrokerDispatch, Dispatch
 from tasks.broker.peek import QueuePeek
@@ -231,6 +232,9 @@ class Runtime:
         self.loopwatch: LoopWatch | None = None
         """The watch on this process's loop, once its background work runs."""
         self._outage_since: float | None = None
+        self.alone: AloneProcesses | None = None
+        """Where this process runs a turn that must run alone, when it runs several turns
+        at once (the asyncio pool's `workers.alone`); None: it runs it itself."""
         self.heartbeat = Heartbeat(
             self.db,
             self.worker_id,
@@ -248,6 +252,12 @@ class Runtime:
         """What watches the runs' work (`tasks.hooks`): relayq's metrics and traces, the
         caller's `hooks`, then those `RELAYQ_HOOKS` names."""
         observe_store_calls(self.db)
+
+    @property
+    def runs_alone(self) -> bool:
+        """This process runs one turn at a time (a prefork pool's child): its death is that
+        turn's doing."""
+        return self.settings.worker.pool == "prefork"
 
     def enter(self, what: str) -> None:
         """On the loop: what the current task does, named in a stall's log (`LoopWatch.enter`)."""
@@ -322,18 +332,23 @@ class Runtime:
         """
         with cls._lock:
             if cls._current is None or cls._pid != os.getpid():
-                conf = (app or current_app).conf
-                settings = Settings.load(conf=conf)
-                # The worker's own hooks: what its app's configuration names (Flower's
-                # progress events, `workers.config`), and announcing settled runs.
-                named = hooks_named(conf.get("relayq_worker_hooks", ()))
-                rt = cls._current = Runtime(settings, hooks=named)
-                rt.hooks.add(RunAnnouncer(settings, rt.db, rt.io))
+                cls._current = cls.of_app(app or current_app)
                 cls._pid = os.getpid()
             if app is not None:
                 cls._current.app = app
             cls._current.start_background()
             return cls._current
+
+    @classmethod
+    def of_app(cls, app: Celery) -> Runtime:
+        """A runtime of `app`'s worker, its background work not started: its settings, from
+        the environment and the app's configuration (`Settings.load`), and the worker's own
+        hooks: what the configuration names (Flower's progress events, `workers.config`),
+        and announcing settled runs."""
+        settings = Settings.load(conf=app.conf)
+        rt = Runtime(settings, hooks=hooks_named(app.conf.get("relayq_worker_hooks", ())))
+        rt.hooks.add(RunAnnouncer(settings, rt.db, rt.io))
+        return rt
 
     def start_background(self) -> None:
         """Heartbeats, the loop's watch, sweeps and webhook deliveries, for the life of the process.
@@ -344,18 +359,24 @@ class Runtime:
         if self._background:
             return
         recovery = self.settings.recovery
-        watch = self.loopwatch = LoopWatch(
-            self.loop.loop,
-            stall=recovery.loop_stall.total_seconds(),
-            exit_after=recovery.loop_stall_exit.total_seconds(),
-        )
-        watch.start()
+        watch = self.watch_loop(recovery.loop_stall_exit.total_seconds())
         self.heartbeat.loop_stalled = lambda: watch.stalled
         self.heartbeat.start()
         self._background = True
         atexit.register(self._forget)
         asyncio.run_coroutine_threadsafe(self._sweep_forever(), self.loop.loop)
         asyncio.run_coroutine_threadsafe(self._deliver_forever(), self.loop.loop)
+
+    def watch_loop(self, exit_after: float) -> LoopWatch:
+        """Start the watch on this process's loop (`tasks.loopwatch`): a stall is logged,
+        and ends the process once it lasts `exit_after` seconds."""
+        watch = self.loopwatch = LoopWatch(
+            self.loop.loop,
+            stall=self.settings.recovery.loop_stall.total_seconds(),
+            exit_after=exit_after,
+        )
+        watch.start()
+        return watch
 
     def _forget(self) -> None:
         """At exit: the claims still held go to other workers at their next sweep."""

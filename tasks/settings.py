@@ -126,10 +126,11 @@ class TurnSettings:
     """A turn's time: Celery's soft time limit, and each agent's default."""
     model_retries: int = option("model_retries", default=5)
     """Retries of a failing model call before the run fails, unless the agent sets its own."""
-    crash_limit: int = option("crash_limit", default=10)
-    """Times a turn is taken over from a dead worker before its run fails: a turn that
-    kills its worker every time must not take workers down forever, and a worker
-    killed for other reasons (a deploy, the OOM killer) must not fail the runs it held."""
+    crash_limit: int = option("crash_limit", parse=count(1), default=3)
+    """Deaths of a process running the turn alone at which its run fails: a turn that kills
+    its worker every time must not take workers down forever. A worker that dies running
+    other turns too (a deploy, the OOM killer, another turn's tool) counts no death
+    against any of them: they run alone next, where a death tells (`tasks.alone`)."""
     retry_base: timedelta = option("retry_base", default=timedelta(seconds=1))
     """The first retry's backoff; it doubles, up to `MAX_COUNTDOWN`."""
 
@@ -195,6 +196,9 @@ class WorkerSettings:
     tool_threads_stuck: int = option("tool_threads_stuck", parse=count(1), default=8)
     """Sync tool calls given up on (a timeout) whose threads still run, at which the worker
     retires: it finishes what it holds and ends, for its supervisor to start a new one."""
+    alone_processes: int = option("alone_processes", parse=count(1), default=2)
+    """Processes an asyncio worker starts, at most, to run suspect turns alone, one each
+    at a time (`tasks.alone`): the turns its dead predecessor held beside others."""
     max_memory: int | None = option("worker_max_memory", parse=memory, default=None, shown="off")
     """A worker over this much resident memory retires (`tasks.memory`); a prefork
     worker's children are bounded by it instead (Celery's `worker_max_memory_per_child`)."""

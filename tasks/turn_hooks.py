@@ -16,7 +16,7 @@ from relayq.model import Model
 from relayq.pricing import cost_of
 from relayq.ratelimit import Throttled
 from store import Claim
-from tasks.deliveries import Outcome, TaskRef
+from tasks.deliveries import Outcome
 from tasks.hooks import (
     RATE_LIMITED,
     ModelCalled,
@@ -42,9 +42,12 @@ class TurnReport:
     the error's type. A `TurnFailed` settles the run: its error is stored.
     """
 
-    def __init__(self, rt: Runtime, task: TaskRef | None, claim: Claim) -> None:
+    def __init__(
+        self, rt: Runtime, claim: Claim, *, task_id: str | None, traceparent: str | None
+    ) -> None:
         self.rt = rt
-        self.task = task
+        self.task_id = task_id
+        self.traceparent = traceparent
         self.claim = claim
         self.outcome: Outcome | None = None
         """What the turn came to (None: it raised)."""
@@ -55,9 +58,7 @@ class TurnReport:
         self._started = 0.0
 
     async def __aenter__(self) -> TurnReport:
-        claim, task = self.claim, self.task
-        task_id = task.id if task is not None else None
-        header = getattr(task.request, "traceparent", None) if task is not None else None
+        claim, task_id, header = self.claim, self.task_id, self.traceparent
         self._started = time.perf_counter()
         await self.rt.hooks.emit(
             "before_turn",

@@ -27,7 +27,14 @@ from tasks.runtime import Runtime
 from tasks.settings import MAX_COUNTDOWN
 from tasks.turn_failed import fail_turn, stored_error
 
-__all__ = ["give_back", "resend", "retry_or_fail", "wait_for_capacity", "wait_for_provider"]
+__all__ = [
+    "give_back",
+    "queue_of",
+    "resend",
+    "retry_or_fail",
+    "wait_for_capacity",
+    "wait_for_provider",
+]
 
 # The turn's log, whichever of its modules writes to it.
 log = logging.getLogger("tasks.turns")
@@ -62,7 +69,7 @@ async def give_back(rt: Runtime, claim: Claim, exc: StoreUnavailable) -> Outcome
     log.warning("run %s: %s; the turn is given back once the store answers", claim.run_id, exc)
     try:
         row = await rt.patiently(
-            requeue_turn, rt.db, claim, countdown=0.0, queue=_queue_of(rt, claim)
+            requeue_turn, rt.db, claim, countdown=0.0, queue=queue_of(rt, claim)
         )
     except StaleClaim:
         # The turn's last write went through after all (its answer was lost), or the
@@ -99,7 +106,7 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Out
         limit,
         probing=probing,
     )
-    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
+    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue_of(rt, claim))
     if wait is None or not await circuit.still_waiting(exc.key, claim.run_id):
         countdown = 0.0  # closed (and its runs woken) while this turn went back
     return Outcome(
@@ -118,7 +125,7 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Out
 async def wait_for_capacity(rt: Runtime, claim: Claim, exc: Throttled) -> Outcome:
     """Send the turn again when its provider's limits may let it through."""
     countdown = min(exc.retry_in, MAX_COUNTDOWN)
-    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
+    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue_of(rt, claim))
     summary = f"waiting for {exc.provider} ({exc.reason}): again in {countdown:.1f} s"
     return Outcome(TurnOutcome.WAITING, summary, countdown, resend=row)
 
@@ -149,7 +156,7 @@ async def resend(rt: Runtime, task: TaskRef | None, outcome: Outcome) -> None:
         await rt.dispatch.mark([row])
 
 
-def _queue_of(rt: Runtime, claim: Claim) -> str | None:
+def queue_of(rt: Runtime, claim: Claim) -> str | None:
     """The queue of the run's agent (None: the run's last, as the store keeps it)."""
     agent = rt.known_agent(claim.agent)
     return agent.queue if agent is not None else None

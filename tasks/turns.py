@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import asdict
 from datetime import timedelta
+from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Retry
@@ -46,9 +48,11 @@ from store import (
     finish_cancelled,
     finish_turn,
     list_requests,
+    requeue_turn,
 )
 from store.budgets import Gate
 from store.outbox import TURN_TASK
+from tasks.alone import AloneError, ProcessDied
 from tasks.broker.limiter import limited_model
 from tasks.deliveries import Outcome, TaskRef
 from tasks.hooks import TurnOutcome
@@ -58,7 +62,7 @@ from tasks.settings import Settings
 from tasks.turn_budgets import check_budget, stopped_by_budget
 from tasks.turn_failed import OutOfTime, TurnFailed, fail_turn, stored_error
 from tasks.turn_hooks import TurnReport, watched
-from tasks.turn_waits import give_back, resend, retry_or_fail, wait_for_capacity
+from tasks.turn_waits import give_back, queue_of, resend, retry_or_fail, wait_for_capacity
 
 __all__ = [
     "Outcome",
@@ -66,6 +70,7 @@ __all__ = [
     "TurnFailed",
     "drive_turn",
     "run_turn",
+    "turn_alone",
 ]  # the first two: tasks.deliveries; TurnFailed: tasks.turn_failed
 
 log = logging.getLogger(__name__)
@@ -97,8 +102,11 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
     store answers, the run goes back to its queue (`give_back`), and its next turn
     takes up what this one stored (the reply, the tools' outcomes in the ledger).
 
-    The runtime's hooks, and the agent's, see the claimed turn start and end
-    (`tasks.turn_hooks`), then the request it opened and the run settling, if it did.
+    A suspect run's turn (its worker died holding it beside other turns) runs in a
+    process of the worker's own (`tasks.alone`), where this worker runs several turns
+    in one process. The runtime's hooks, and the agent's, see the claimed turn start
+    and end (`tasks.turn_hooks`), then the request it opened and the run settling, if
+    it did.
     """
     # Counted from before the claim is asked for: the sweeper frees a claim of this
     # worker that no task works on (`store.maintenance`).
@@ -107,17 +115,90 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
         if claim is None:
             return Outcome(TurnOutcome.SKIPPED, "skipped: stale or duplicate message")
         with rt.doing(f"a turn of run {run_id} (agent {claim.agent})"):
-            return await _claimed(rt, task, claim)
-
-
-async def _claimed(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
-    """The turn, once claimed."""
-    async with TurnReport(rt, task, claim) as report:
+            if _runs_apart(rt, claim):
+                outcome = await _apart(rt, task, claim)
+            else:
+                task_id, traceparent = _delivery(task)
+                outcome = await _claimed(rt, claim, task_id=task_id, traceparent=traceparent)
         try:
-            if claim.crashes > rt.settings.turns.crash_limit:
+            await resend(rt, task, outcome)
+        except StoreUnavailable as exc:
+            # The message is in the outbox: the sweeper sends it once the store is back.
+            log.warning("run %s: the turn's retry is left to the sweeper: %s", run_id, exc)
+        return outcome
+
+
+def _delivery(task: TaskRef | None) -> tuple[str | None, str | None]:
+    return (task.id, task.traceparent) if task is not None else (None, None)
+
+
+def _runs_apart(rt: Runtime, claim: Claim) -> bool:
+    """A suspect turn, on a worker that runs it in a process of its own: unless its crashes
+    have failed it already (that needs no process)."""
+    return claim.suspect and rt.alone is not None and claim.crashes < rt.settings.turns.crash_limit
+
+
+async def _apart(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
+    """The turn, run alone in a child process (`tasks.alone`, `turn_alone`) under this
+    worker's claim; a death of that process is counted against the turn."""
+    assert rt.alone is not None
+    task_id, traceparent = _delivery(task)
+    job = {"claim": asdict(claim), "task_id": task_id, "traceparent": traceparent}
+    try:
+        reply = await rt.alone.run(job, timeout=rt.settings.turns.time_limit.total_seconds())
+    except ProcessDied as died:
+        return await _died_apart(rt, claim, died)
+    if "failed" in reply:
+        raise TurnFailed(claim.run_id, reply["failed"])
+    if "error" in reply:
+        raise AloneError(claim.run_id, reply["error"])
+    return Outcome.from_wire(reply)
+
+
+async def _died_apart(rt: Runtime, claim: Claim, died: ProcessDied) -> Outcome:
+    log.error(
+        "run %s: %s running %s; the run goes back to its queue, the death counted (%d of %d)",
+        claim.run_id,
+        died,
+        _where(claim),
+        claim.crashes + 1,
+        rt.settings.turns.crash_limit,
+    )
+    try:
+        row = await rt.patiently(
+            requeue_turn, rt.db, claim, countdown=0.0, queue=queue_of(rt, claim), died=True
+        )
+    except StaleClaim:
+        return Outcome(TurnOutcome.SKIPPED, "skipped: lost the claim")
+    return Outcome(TurnOutcome.GIVEN_BACK, f"given back: {died}", 0.0, resend=row)
+
+
+async def turn_alone(rt: Runtime, job: dict[str, Any]) -> dict[str, Any]:
+    """In the child process (`workers.alone`): the turn `job` names, under the claim its
+    worker holds; what came of it as JSON (`Outcome.wire`), or the run's failure."""
+    claim = Claim(**job["claim"])
+    try:
+        with rt.doing(f"a turn of run {claim.run_id} (agent {claim.agent}), alone"):
+            outcome = await _claimed(
+                rt, claim, task_id=job["task_id"], traceparent=job["traceparent"]
+            )
+    except TurnFailed as exc:
+        return {"failed": exc.error}
+    except Exception as exc:  # told to the worker, which fails the task as it would its own
+        log.exception("run %s: the turn met an error", claim.run_id)
+        return {"error": type(exc).__name__}
+    return outcome.wire()
+
+
+async def _claimed(
+    rt: Runtime, claim: Claim, *, task_id: str | None, traceparent: str | None
+) -> Outcome:
+    """The turn, once claimed: its outcome, the retry to send (if any) in it."""
+    async with TurnReport(rt, claim, task_id=task_id, traceparent=traceparent) as report:
+        try:
+            if claim.crashes >= rt.settings.turns.crash_limit:
                 # The turn keeps killing its worker.
-                error = f"the worker died {claim.crashes} times running {_where(claim)}; giving up"
-                await fail_turn(rt, claim, error)
+                await fail_turn(rt, claim, _crashed_error(claim))
             try:
                 agent = rt.agent(claim.agent)
                 gate = await check_budget(rt, claim, agent)
@@ -156,24 +237,35 @@ async def _claimed(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
             else:
                 outcome = await _send_next(rt, claim, turn, outbox)
             report.outcome = outcome
-            await resend(rt, task, outcome)
         except StoreUnavailable as exc:
             report.error = type(exc).__name__
             outcome = report.outcome = await give_back(rt, claim, exc)
-            await resend(rt, task, outcome)
         return outcome
 
 
+def _crashed_error(claim: Claim) -> str:
+    """`the tool `x` (call c1) killed its worker 3 times, in turn 2; giving up`."""
+    calls = _running_calls(claim)
+    if calls is None:
+        return f"the worker died {claim.crashes} times running turn {claim.turns + 1}; giving up"
+    return f"{calls} killed its worker {claim.crashes} times, in turn {claim.turns}; giving up"
+
+
 def _where(claim: Claim) -> str:
-    """`turn 3, in tool `x` (call c1)`: the turn, and the calls of its saved reply that
-    have no result yet, one of which was running when the worker died (the reply is saved
-    before tools run); with none, the turn was waiting on its model."""
+    """`turn 3, in the tool `x` (call c1)`, or `turn 4` while it waited on its model."""
+    calls = _running_calls(claim)
+    return f"turn {claim.turns + 1}" if calls is None else f"turn {claim.turns}, in {calls}"
+
+
+def _running_calls(claim: Claim) -> str | None:
+    """`the tool `x` (call c1)`: the calls of the turn's saved reply with no result yet, one
+    of which was running when its process died (the reply is saved before tools run);
+    None when there is none: the turn was waiting on its model."""
     todo = [slot.call for slot in tx.slots(claim.messages) if slot.state == "todo"]
     if not todo:
-        return f"turn {claim.turns + 1}"
+        return None
     named = ", ".join(f"`{call.name}` (call {call.id})" for call in todo)
-    tools = f"tool {named}" if len(todo) == 1 else f"one of the tools {named}"
-    return f"turn {claim.turns}, in {tools}"
+    return f"the tool {named}" if len(todo) == 1 else f"one of the tools {named}"
 
 
 async def _claim(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> Claim | None:
@@ -193,6 +285,8 @@ async def _claim(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -
         worker_timeout=rt.settings.recovery.worker_timeout,
         kept=rt.transcripts.take(run_id, version),
         heartbeats_steady=rt.heartbeat.steady,
+        alone=rt.runs_alone,
+        apart=rt.alone is not None,
     )
 
 

@@ -60,6 +60,7 @@ from celery.utils.threads import LocalStack
 from celery.worker import state as worker_state
 from greenlet import greenlet  # type: ignore[import-untyped]
 
+from tasks.alone import AloneProcesses
 from tasks.memory import MemoryBound
 from tasks.runtime import EXIT_RETIRED, Runtime, deferring
 
@@ -137,6 +138,10 @@ class AsyncioPool(BasePool):
         # The runtime owns the loop (and sizes its I/O threads to the store).
         rt = Runtime.current()
         self._loop = rt.loop
+        # Turns share this process: a suspect one runs in a process of its own.
+        rt.alone = AloneProcesses(
+            [sys.executable, "-m", "workers.alone"], size=rt.settings.worker.alone_processes
+        )
         rt.on_retire.append(self._retire)
         bound = rt.settings.worker.max_memory
         if bound is not None:
@@ -167,6 +172,10 @@ class AsyncioPool(BasePool):
             self._report()
             time.sleep(0.05)
         self._report()
+        rt = Runtime.current()
+        if rt.alone is not None:
+            with contextlib.suppress(Exception):
+                rt.loop.run(rt.alone.close(), timeout=10)
 
     def terminate_job(self, pid: int, signal: int | None = None) -> None:
         # `BasePool` API: Celery's `Request.cancel` / `terminate` call it with the

@@ -5,10 +5,13 @@ seconds, 600 unless set), with no timeout: the turn's time limit gives up on it.
 `wedge_bounded`: the same tool under the agent's `tool_timeout` of 1 s: the call's
 result is an error, and the run goes on to its end.
 `hog`: one call of a tool that allocates `RELAYQ_TEST_HOG_MIB` (400) and keeps it.
+`kill`: after half a second of its model (time for a worker to claim its neighbours), one
+call of a tool that ends its process at once (`os._exit`, as a crash in a C extension).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from datetime import timedelta
@@ -56,3 +59,16 @@ async def hog_model(req: InProcessRequest) -> InProcessResponse:
 
 
 hogging = Agent("hog", hog_model, tools=[define_tool("hog", "h", None, hog)])
+
+
+def kill(args: dict[str, object], ctx: ToolContext) -> str:
+    note("tool", f"kill {ctx.run_id} attempt {ctx.attempt} pid {os.getpid()}")
+    os._exit(1)
+
+
+async def kill_model(req: InProcessRequest) -> InProcessResponse:
+    await asyncio.sleep(0.5)
+    return calls(("c1", "kill"))
+
+
+killing = Agent("kill", kill_model, tools=[define_tool("kill", "k", None, kill)])

@@ -1,8 +1,14 @@
 """Issue 51: a worker outlives its tools. A sync tool that never returns costs one thread
 (`tasks.tool_threads`), never the store's threads or the runs beside it; a worker with
-too many such threads retires (`Runtime.retire`) and hands its runs on."""
+too many such threads retires (`Runtime.retire`) and hands its runs on; a tool that kills
+its process fails its own run, alone (`tasks.alone`), and no run beside it."""
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -135,3 +141,131 @@ async def retired_and_taken_over(
         assert run.status == "done", run.error
     assert retiring.worker.proc is not None
     assert retiring.worker.proc.wait(timeout=60) == EXIT_RETIRED
+
+
+class Supervisor:
+    """Starts a worker again whenever its process ends, as systemd or compose would."""
+
+    def __init__(self, spare_workers: SpareWorkers, worker: Durable) -> None:
+        self.spare_workers = spare_workers
+        self.worker = worker
+        self.restarts = 0
+        self.logs = [worker.worker.logfile]
+        self._stop = threading.Event()
+
+    def watch(self) -> None:
+        while not self._stop.wait(0.1):
+            proc = self.worker.worker.proc
+            if proc is not None and proc.poll() is not None:
+                self.restarts += 1
+                self.worker = self.spare_workers.restart(self.worker)
+                self.logs.append(self.worker.worker.logfile)
+
+    def log(self) -> str:
+        return "".join(path.read_text() for path in self.logs if path.exists())
+
+
+@contextmanager
+def supervised(spare_workers: SpareWorkers, worker: Durable) -> Iterator[Supervisor]:
+    supervisor = Supervisor(spare_workers, worker)
+    thread = threading.Thread(target=supervisor.watch, daemon=True)
+    thread.start()
+    try:
+        yield supervisor
+    finally:
+        supervisor._stop.set()
+        thread.join()
+
+
+def tool_lines(durable: Durable, prefix: str) -> list[str]:
+    path = durable.log / "tool.log"
+    if not path.exists():
+        return []
+    return [line for line in path.read_text().splitlines() if line.startswith(prefix)]
+
+
+KILL: tuple[str, str, dict[str, str]] = ("kill", "kill", {})
+"""The agent, its tool, and the worker's environment: a tool that ends its process at once
+(`os._exit`, as a crash in a C extension)."""
+STALL = (
+    "stall",
+    "block",
+    {"RELAYQ_TEST_STALL": "600", "RELAYQ_LOOP_STALL": "1", "RELAYQ_LOOP_STALL_EXIT": "6"},
+)
+"""An async tool that blocks its event loop (for 10 minutes): the worker's loop watch ends
+its process 6 s in, the process of a turn alone at the first second."""
+
+
+def _case(store: str, pool: str, poison: tuple[str, str, dict[str, str]], n: int) -> Any:
+    marks = [pytest.mark.postgres] if store == "postgresql" else []
+    return pytest.param(store, pool, poison, n, marks=marks, id=f"{store}-{pool}-{poison[0]}-{n}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("database_url", "pool", "poison", "poisoned"),
+    # Each store, pool and harm at least once, not every combination (the suite's time).
+    [
+        _case("sqlite", "asyncio", KILL, 1),
+        _case("sqlite", "asyncio", KILL, 5),
+        _case("postgresql", "asyncio", KILL, 5),
+        _case("postgresql", "prefork", KILL, 5),
+        _case("sqlite", "asyncio", STALL, 1),
+    ],
+    indirect=["database_url"],
+)
+async def test_tools_that_kill_or_stall_their_process_fail_their_own_runs_and_no_other(
+    durable: Durable,
+    spare_workers: SpareWorkers,
+    private_database: str,
+    prompt: str,
+    eventually: Eventually,
+    pool: str,
+    poison: tuple[str, str, dict[str, str]],
+    poisoned: int,
+):
+    agent, tool, env = poison
+    # Given a worker under a supervisor that starts it again whenever it ends, and 40
+    # healthy runs of five turns in flight on it
+    worker = spare_workers.start(
+        RELAYQ_AGENTS=AGENTS,
+        RELAYQ_DATABASE_URL=private_database,
+        RELAYQ_POOL=pool,
+        RELAYQ_CONCURRENCY="60" if pool == "asyncio" else "6",
+        **QUICK_BEATS,
+        **env,
+    )
+    with supervised(spare_workers, worker) as supervisor:
+        async with DurableClient(settings=worker.settings) as client:
+            healthy = await client.start_many("outlast", [f"{prompt} {i}" for i in range(40)])
+            await eventually(lambda: len(tool_lines(durable, "mark ")) > 0, what="runs in flight")
+
+            # When runs whose tool kills (or wedges) its process start beside them
+            prompts = [f"{prompt} {agent} {i}" for i in range(poisoned)]
+            poisons = await client.start_many(agent, prompts)
+            every = [*healthy, *poisons]
+            await eventually(lambda: all_finished(client.db, every), timeout=240, what="all ended")
+
+            # Then every healthy run is done, none failed on a crash limit
+            for run_id in healthy:
+                run = get_run(client.db, run_id)
+                assert run.status == "done", run.error
+            # ... and each poison run failed, naming its tool, after three deaths alone
+            for run_id in poisons:
+                run = get_run(client.db, run_id)
+                assert (run.status, run.error) == (
+                    "failed",
+                    f"the tool `{tool}` (call c1) killed its worker 3 times, in turn 1; giving up",
+                )
+                died = len(tool_lines(durable, f"{agent} {run_id} attempt "))
+                # The asyncio pool: once in the worker beside others (unless another poison
+                # run's kill came first), then three times alone; prefork: alone each time.
+                assert died in ((3, 4) if pool == "asyncio" else (3,)), died
+    # ... and the worker itself died at most once: the poison runs were all in flight on
+    # it then, and every later death was a process of a single turn. So no healthy run was
+    # taken over more than once: no call of theirs ran a third time.
+    assert supervisor.restarts <= (1 if pool == "asyncio" else 0), supervisor.log()[-4000:]
+    marks = [line for line in tool_lines(durable, "mark ") if any(r in line for r in healthy)]
+    assert not [line for line in marks if line.endswith((" attempt 3", " attempt 4"))]
+    if pool == "asyncio":  # (prefork's pool logs each child it lost with a traceback)
+        assert "Traceback" not in supervisor.log(), supervisor.log()[-4000:]

@@ -233,9 +233,10 @@ def test_a_run_held_by_a_live_worker_is_never_taken_over_however_long_its_turn(d
 
 
 def test_a_run_held_by_a_worker_whose_heartbeat_stopped_is_queued_again(db: Database):
+    # Given a run held alone (a prefork child) by a worker whose heartbeat then stops
     start(db)
     beat(db, "w-gone", hostname="elsewhere", pid=1)
-    held = claim_turn(db, "run_1", 0, task_id="t", lease=LEASE, worker="w-gone")
+    held = claim_turn(db, "run_1", 0, task_id="t", lease=LEASE, worker="w-gone", alone=True)
     assert held is not None
     published(db)
     timeout = timedelta(seconds=10)
@@ -292,7 +293,7 @@ def test_a_redelivered_message_takes_over_a_run_whose_worker_died(db: Database):
     gone.wait()
     start(db)
     beat(db, "w-exited", hostname=HOSTNAME, pid=gone.pid)
-    held = claim_turn(db, "run_1", 0, task_id="t", lease=LEASE, worker="w-exited")
+    held = claim_turn(db, "run_1", 0, task_id="t", lease=LEASE, worker="w-exited", alone=True)
     assert held is not None
 
     again = claim_turn(db, "run_1", 0, task_id="t", lease=LEASE, worker="w-other")

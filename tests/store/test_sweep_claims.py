@@ -93,7 +93,7 @@ def test_a_stale_heartbeat_is_a_death_only_while_the_sweepers_own_beats_are_stea
     # When they have been steady, the silent worker is dead and its run is taken over
     taken = sweep(db, now=later(), worker=ME, heartbeats_steady=steady(True))
     assert taken.requeued == ["run_1"]
-    assert get_run(db, "run_1").crashes == 1
+    assert get_run(db, "run_1").suspect  # its death noted (a crash, had it run alone)
     assert asked == [False, True]
 
 

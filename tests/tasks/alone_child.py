@@ -1,0 +1,31 @@
+"""A child for `tasks.alone`'s tests: `python -m tests.tasks.alone_child`. Each job says
+what to do: echo it back (with the pid), print to stdout first, end the process, sleep,
+or answer and retire."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from tasks.alone import serve
+
+retire = False
+
+
+def handle(job: dict[str, Any]) -> dict[str, Any]:
+    global retire
+    do = job["do"]
+    if do == "print":
+        print("a tool's own output")  # must reach stderr, not the protocol
+    elif do == "exit":
+        os._exit(int(job.get("code", 1)))
+    elif do == "sleep":
+        time.sleep(float(job["seconds"]))
+    elif do == "retire":
+        retire = True
+    return {"pid": os.getpid(), "echo": job}
+
+
+if __name__ == "__main__":
+    serve(handle, retiring=lambda: retire)
