@@ -154,8 +154,10 @@ def database_url(
 
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-"""For a test whose subject is not the store (MCP, Redis connections): SQLite alone, where
-it would run on both."""
+"""For a test whose subject is not the store (MCP, Redis connections, the browser's pages,
+provider limits, signals, who may answer through which door): SQLite alone, where it would
+run on both. What each store does is proven on both, by tests/store and by the durable
+tests whose subject it is; running the rest twice cost the suite a fifth of its time."""
 
 
 @pytest.fixture

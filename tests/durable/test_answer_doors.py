@@ -32,6 +32,7 @@ from tests.mcp_tasks_client import connected, update_task
 from .conftest import (
     APPROVER,
     HOST,
+    SQLITE_ONLY,
     SUBMITTER,
     TOKENS,
     VIEWER,
@@ -42,7 +43,7 @@ from .conftest import (
 )
 from .test_api import log_in
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), SQLITE_ONLY]
 
 OTHER_SUBMITTER = "tok-sue-1"
 MATRIX_TOKENS = f"{TOKENS},sue:submitter:{OTHER_SUBMITTER}"

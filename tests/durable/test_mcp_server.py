@@ -35,9 +35,9 @@ from tests.mcp_tasks_client import (
 from tests.ports import free_port
 from tests.processes import stop_group
 
-from .conftest import SUBMITTER, TOKENS, Durable, SpareWorkers, poll, start_api_process
+from .conftest import SQLITE_ONLY, SUBMITTER, TOKENS, Durable, SpareWorkers, poll, start_api_process
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), SQLITE_ONLY]
 
 OTHER_SUBMITTER = "tok-sub-2"
 SECRET = "a-secret-of-at-least-thirty-two-characters"

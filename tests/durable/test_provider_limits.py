@@ -36,10 +36,10 @@ from store import RunRow
 from tasks import DurableClient, Settings
 from tests.provider_server import API_KEY, ProviderServer, Reply, error
 
-from .conftest import Durable, Worker
+from .conftest import SQLITE_ONLY, Durable, Worker
 from .sent_messages import sent_messages
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), SQLITE_ONLY]
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from tasks import DurableClient
 from tasks.broker.circuit import CircuitView, read_circuits
 from tests.ports import free_port
 
-from .conftest import Durable, Eventually, SpareWorkers, serving
+from .conftest import SQLITE_ONLY, Durable, Eventually, SpareWorkers, serving
 from .test_batches import runs_of
 from .test_metrics import scrape_api, value
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), SQLITE_ONLY]
 
 TURNS = 3
 RUNS = 8

@@ -31,9 +31,10 @@ from tests import forkserver
 from tests.ports import free_port
 from tests.processes import stop_group
 
-from .conftest import ROOT, Durable, Eventually, SpareWorkers
+from .conftest import ROOT, SQLITE_ONLY, Durable, Eventually, SpareWorkers
 from .test_flower import Flower, _answers
 
+pytestmark = SQLITE_ONLY
 ONE_LANE = True  # tests/conftest.py: a worker and Flower per pool, once
 START_EARLY = True  # and its tests take long, so a lane takes them first
 

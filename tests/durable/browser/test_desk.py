@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.async_api import Browser, expect
 
-from ..conftest import ApiServer, Durable, Eventually
+from ..conftest import SQLITE_ONLY, ApiServer, Durable, Eventually
 from ..desk import FAY, GIL, SID, refund_prompt, start_refunds
 from ..test_api import settled_run
 from .conftest import LOOP, Shoot
@@ -29,7 +29,7 @@ from .pages import (
     showing,
 )
 
-pytestmark = [pytest.mark.browser, LOOP]
+pytestmark = [pytest.mark.browser, LOOP, SQLITE_ONLY]
 START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
 

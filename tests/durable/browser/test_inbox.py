@@ -18,6 +18,7 @@ from api._inbox import CSRF_REFUSED
 
 from ..conftest import (
     APPROVER,
+    SQLITE_ONLY,
     SUBMITTER,
     VIEWER,
     ApiServer,
@@ -30,7 +31,7 @@ from ..test_api import open_request, settled_run, start_run
 from .conftest import LOOP
 from .pages import WAIT_MS, logged_in
 
-pytestmark = [pytest.mark.browser, LOOP]
+pytestmark = [pytest.mark.browser, LOOP, SQLITE_ONLY]
 
 
 def attacker_app() -> FastAPI:
