@@ -106,8 +106,12 @@ async def test_idle_children_are_stopped_and_close_stops_the_rest():
 
 async def test_a_child_whose_parent_goes_away_ends_at_once(pool: AloneProcesses):
     # Its stdin closes with its parent: the job it runs is abandoned, the process ends
+    await pool.run({"do": "echo"}, timeout=30)  # the child started
     job = asyncio.ensure_future(pool.run({"do": "sleep", "seconds": 30}, timeout=60))
-    await asyncio.sleep(0.5)
+    for _ in range(1000):  # (no event to wait on: the pool's own state)
+        if pool._busy:
+            break
+        await asyncio.sleep(0.01)
     (child,) = pool._busy
     assert child.process.stdin is not None
     child.process.stdin.close()
