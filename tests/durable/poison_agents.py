@@ -5,14 +5,16 @@ seconds, 600 unless set), with no timeout: the turn's time limit gives up on it.
 `wedge_bounded`: the same tool under the agent's `tool_timeout` of 1 s: the call's
 result is an error, and the run goes on to its end.
 `hog`: one call of a tool that allocates `RELAYQ_TEST_HOG_MIB` (400) and keeps it.
-`kill`: after half a second of its model (time for a worker to claim its neighbours), one
-call of a tool that ends its process at once (`os._exit`, as a crash in a C extension).
+`kill`: one call of a tool that ends its process (`os._exit`, as a crash in a C extension);
+its first attempts wait (10 s at most) until `RELAYQ_TEST_KILLS` of them are in the same
+process, so that one death takes them all, as poison runs in flight together.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
+import threading
 import time
 from datetime import timedelta
 
@@ -61,13 +63,18 @@ async def hog_model(req: InProcessRequest) -> InProcessResponse:
 hogging = Agent("hog", hog_model, tools=[define_tool("hog", "h", None, hog)])
 
 
+_TOGETHER = threading.Barrier(int(os.environ.get("RELAYQ_TEST_KILLS", "1")), timeout=10)
+
+
 def kill(args: dict[str, object], ctx: ToolContext) -> str:
     note("tool", f"kill {ctx.run_id} attempt {ctx.attempt} pid {os.getpid()}")
+    if ctx.attempt == 1:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            _TOGETHER.wait()
     os._exit(1)
 
 
-async def kill_model(req: InProcessRequest) -> InProcessResponse:
-    await asyncio.sleep(0.5)
+def kill_model(req: InProcessRequest) -> InProcessResponse:
     return calls(("c1", "kill"))
 
 

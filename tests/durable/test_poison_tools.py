@@ -232,6 +232,8 @@ async def test_tools_that_kill_or_stall_their_process_fail_their_own_runs_and_no
         RELAYQ_DATABASE_URL=private_database,
         RELAYQ_POOL=pool,
         RELAYQ_CONCURRENCY="60" if pool == "asyncio" else "6",
+        # On one process, the poison runs' first kills come together (`poison_agents.kill`)
+        RELAYQ_TEST_KILLS=str(poisoned) if pool == "asyncio" else "1",
         **QUICK_BEATS,
         **env,
     )

@@ -1,6 +1,6 @@
 """A child for `tasks.alone`'s tests: `python -m tests.tasks.alone_child`. Each job says
-what to do: echo it back (with the pid), print to stdout first, end the process, sleep,
-or answer and retire."""
+what to do: echo it back (with the pid), print to stdout first, end the process (an exit,
+a signal), sleep, or answer and retire."""
 
 from __future__ import annotations
 
@@ -20,7 +20,11 @@ def handle(job: dict[str, Any]) -> dict[str, Any]:
         print("a tool's own output")  # must reach stderr, not the protocol
     elif do == "exit":
         os._exit(int(job.get("code", 1)))
+    elif do == "signal":
+        os.kill(os.getpid(), int(job["signal"]))
     elif do == "sleep":
+        if "started" in job:  # a FIFO the test waits on: opening it tells it the job runs
+            open(job["started"], "w").close()
         time.sleep(float(job["seconds"]))
     elif do == "retire":
         retire = True

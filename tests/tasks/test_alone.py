@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -57,12 +58,8 @@ async def test_a_child_that_dies_running_a_job_says_how_and_is_replaced(pool: Al
 
 
 async def test_a_child_killed_by_a_signal_is_named_by_it(pool: AloneProcesses):
-    first = await pool.run({"do": "echo"}, timeout=30)
-    job = asyncio.ensure_future(pool.run({"do": "sleep", "seconds": 30}, timeout=60))
-    await asyncio.sleep(0.5)
-    os.kill(first["pid"], signal.SIGKILL)
     with pytest.raises(ProcessDied) as died:
-        await job
+        await pool.run({"do": "signal", "signal": signal.SIGKILL}, timeout=30)
     assert died.value.how == "signal 9 (SIGKILL)"
 
 
@@ -92,27 +89,27 @@ async def test_a_child_that_retires_is_stopped_and_not_used_again(pool: AlonePro
 async def test_idle_children_are_stopped_and_close_stops_the_rest():
     pool = AloneProcesses(CHILD, size=2, idle=0.3)
     try:
-        pid = (await pool.run({"do": "echo"}, timeout=30))["pid"]
-        for _ in range(100):
-            if not alive(pid):
-                break
-            await asyncio.sleep(0.05)
-        assert not alive(pid), "an idle child is stopped"
+        await pool.run({"do": "echo"}, timeout=30)
+        (idle,) = pool._free
+        await asyncio.wait_for(idle.process.wait(), 5)  # an idle child is stopped
         again = (await pool.run({"do": "echo"}, timeout=30))["pid"]
     finally:
         await pool.close()
     assert not alive(again)
 
 
-async def test_a_child_whose_parent_goes_away_ends_at_once(pool: AloneProcesses):
-    # Its stdin closes with its parent: the job it runs is abandoned, the process ends
-    await pool.run({"do": "echo"}, timeout=30)  # the child started
-    job = asyncio.ensure_future(pool.run({"do": "sleep", "seconds": 30}, timeout=60))
-    for _ in range(1000):  # (no event to wait on: the pool's own state)
-        if pool._busy:
-            break
-        await asyncio.sleep(0.01)
-    (child,) = pool._busy
+async def test_a_child_whose_parent_goes_away_ends_at_once(pool: AloneProcesses, tmp_path: Path):
+    # Given a child running a job (it opens the FIFO `started` once it has it)
+    await pool.run({"do": "echo"}, timeout=30)
+    (child,) = pool._free
+    started = tmp_path / "started"
+    os.mkfifo(started)
+    job = asyncio.ensure_future(
+        pool.run({"do": "sleep", "seconds": 30, "started": str(started)}, timeout=60)
+    )
+    await asyncio.wait_for(asyncio.to_thread(lambda: open(started).close()), 30)
+
+    # When its stdin closes, as it does with its parent, the job is abandoned and it ends
     assert child.process.stdin is not None
     child.process.stdin.close()
     assert await asyncio.wait_for(child.process.wait(), 5) == 0
