@@ -20,6 +20,7 @@ from relayq.circuit import ProviderDown, outage_countdown
 from relayq.ratelimit import Throttled
 from relayq.retry import backoff
 from store import Claim, StaleClaim, StoreUnavailable, requeue_turn, retry_turn
+from tasks.alone import ProcessDied
 from tasks.broker.circuit import circuit_for, since_text
 from tasks.deliveries import Outcome, TaskRef
 from tasks.hooks import TurnOutcome
@@ -28,8 +29,8 @@ from tasks.settings import MAX_COUNTDOWN
 from tasks.turn_failed import fail_turn, stored_error
 
 __all__ = [
+    "back_after_death",
     "give_back",
-    "queue_of",
     "resend",
     "retry_or_fail",
     "wait_for_capacity",
@@ -67,15 +68,33 @@ async def give_back(rt: Runtime, claim: Claim, exc: StoreUnavailable) -> Outcome
     """The store failed under the turn: once it answers again, the run goes back to its
     queue, with no try counted and no error stored."""
     log.warning("run %s: %s; the turn is given back once the store answers", claim.run_id, exc)
+    return await _back(rt, claim, f"given back: the store was unavailable ({exc.reason})")
+
+
+async def back_after_death(rt: Runtime, claim: Claim, died: ProcessDied, where: str) -> Outcome:
+    """The process that ran the turn `where` alone died (`tasks.alone`): the run goes back
+    to its queue at once, the death counted against the turn."""
+    log.error(
+        "run %s: %s running %s; the run goes back to its queue, the death counted (%d of %d)",
+        claim.run_id,
+        died,
+        where,
+        claim.crashes + 1,
+        rt.settings.turns.crash_limit,
+    )
+    return await _back(rt, claim, f"given back: {died}", died=True)
+
+
+async def _back(rt: Runtime, claim: Claim, summary: str, *, died: bool = False) -> Outcome:
+    """The run back in its queue, once the store answers, to be sent again at once."""
     try:
         row = await rt.patiently(
-            requeue_turn, rt.db, claim, countdown=0.0, queue=queue_of(rt, claim)
+            requeue_turn, rt.db, claim, countdown=0.0, queue=_queue_of(rt, claim), died=died
         )
     except StaleClaim:
         # The turn's last write went through after all (its answer was lost), or the
         # sweeper freed the run meanwhile: its next message is on its way.
         return Outcome(TurnOutcome.SKIPPED, "skipped: lost the claim")
-    summary = f"given back: the store was unavailable ({exc.reason})"
     return Outcome(TurnOutcome.GIVEN_BACK, summary, 0.0, resend=row)
 
 
@@ -106,7 +125,7 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Out
         limit,
         probing=probing,
     )
-    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue_of(rt, claim))
+    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
     if wait is None or not await circuit.still_waiting(exc.key, claim.run_id):
         countdown = 0.0  # closed (and its runs woken) while this turn went back
     return Outcome(
@@ -125,7 +144,7 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Out
 async def wait_for_capacity(rt: Runtime, claim: Claim, exc: Throttled) -> Outcome:
     """Send the turn again when its provider's limits may let it through."""
     countdown = min(exc.retry_in, MAX_COUNTDOWN)
-    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=queue_of(rt, claim))
+    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
     summary = f"waiting for {exc.provider} ({exc.reason}): again in {countdown:.1f} s"
     return Outcome(TurnOutcome.WAITING, summary, countdown, resend=row)
 
@@ -156,7 +175,7 @@ async def resend(rt: Runtime, task: TaskRef | None, outcome: Outcome) -> None:
         await rt.dispatch.mark([row])
 
 
-def queue_of(rt: Runtime, claim: Claim) -> str | None:
+def _queue_of(rt: Runtime, claim: Claim) -> str | None:
     """The queue of the run's agent (None: the run's last, as the store keeps it)."""
     agent = rt.known_agent(claim.agent)
     return agent.queue if agent is not None else None

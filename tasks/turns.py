@@ -48,7 +48,6 @@ from store import (
     finish_cancelled,
     finish_turn,
     list_requests,
-    requeue_turn,
 )
 from store.budgets import Gate
 from store.outbox import TURN_TASK
@@ -62,7 +61,13 @@ from tasks.settings import Settings
 from tasks.turn_budgets import check_budget, stopped_by_budget
 from tasks.turn_failed import OutOfTime, TurnFailed, fail_turn, stored_error
 from tasks.turn_hooks import TurnReport, watched
-from tasks.turn_waits import give_back, queue_of, resend, retry_or_fail, wait_for_capacity
+from tasks.turn_waits import (
+    back_after_death,
+    give_back,
+    resend,
+    retry_or_fail,
+    wait_for_capacity,
+)
 
 __all__ = [
     "Outcome",
@@ -147,30 +152,12 @@ async def _apart(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
     try:
         reply = await rt.alone.run(job, timeout=rt.settings.turns.time_limit.total_seconds())
     except ProcessDied as died:
-        return await _died_apart(rt, claim, died)
+        return await back_after_death(rt, claim, died, _where(claim))
     if "failed" in reply:
         raise TurnFailed(claim.run_id, reply["failed"])
     if "error" in reply:
         raise AloneError(claim.run_id, reply["error"])
     return Outcome.from_wire(reply)
-
-
-async def _died_apart(rt: Runtime, claim: Claim, died: ProcessDied) -> Outcome:
-    log.error(
-        "run %s: %s running %s; the run goes back to its queue, the death counted (%d of %d)",
-        claim.run_id,
-        died,
-        _where(claim),
-        claim.crashes + 1,
-        rt.settings.turns.crash_limit,
-    )
-    try:
-        row = await rt.patiently(
-            requeue_turn, rt.db, claim, countdown=0.0, queue=queue_of(rt, claim), died=True
-        )
-    except StaleClaim:
-        return Outcome(TurnOutcome.SKIPPED, "skipped: lost the claim")
-    return Outcome(TurnOutcome.GIVEN_BACK, f"given back: {died}", 0.0, resend=row)
 
 
 async def turn_alone(rt: Runtime, job: dict[str, Any]) -> dict[str, Any]:
