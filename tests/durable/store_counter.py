@@ -19,9 +19,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
 
-__all__ = ["LOG_NAME", "SWITCH", "shape", "store_calls"]
+__all__ = ["LOCKED", "LOG_NAME", "SWITCH", "shape", "store_calls"]
 
 LOG_NAME = "sql.log"
+LOCKED = "locked"
+"""The line of a BEGIN that found SQLite's write lock held by another process."""
 SWITCH = "RELAYQ_TEST_COUNT_STORE"
 """Set (to 1) in the environment of a process whose store calls are to be recorded: the
 listeners of a process that imports this module for `shape` record nothing."""
@@ -84,6 +86,14 @@ def _begin(conn: Any) -> None:
 @event.listens_for(Engine, "commit")
 def _commit(conn: Any) -> None:
     _write("commit")
+
+
+@event.listens_for(Engine, "handle_error")
+def _failed(context: Any) -> None:
+    # A BEGIN IMMEDIATE that found SQLite's lock held by another process: the writer
+    # checks its connection back in and asks again (`store.sqlite_writes`).
+    if context.statement == "BEGIN IMMEDIATE" and "locked" in str(context.original_exception):
+        _write(LOCKED)
 
 
 def store_calls(log: Path) -> list[str]:
