@@ -31,6 +31,12 @@ from .test_store_outage import _env, all_finished, check_runs, in_flight, outliv
 
 START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
+SOON_TAKEN_OVER = {
+    "RELAYQ_HEARTBEAT_EVERY": "1",
+    "RELAYQ_WORKER_TIMEOUT": "4",
+    "RELAYQ_REDELIVER_AFTER": "4",
+}
+
 
 @dataclass
 class Hung:
@@ -205,12 +211,12 @@ class BehindProxy:
 
 @contextmanager
 def _worker_behind_proxy(
-    pg: PrivatePostgres, broker: Broker, tmp_path: Path
+    pg: PrivatePostgres, broker: Broker, tmp_path: Path, **extra: str
 ) -> Iterator[BehindProxy]:
     """A worker, with the default bounds, whose store connections all go through a proxy
     to a PostgreSQL of the test's own."""
     with HangingProxy(pg.port) as proxy:
-        env = _env(broker, tmp_path, pg.url.replace(f":{pg.port}/", f":{proxy.port}/"))
+        env = _env(broker, tmp_path, pg.url.replace(f":{pg.port}/", f":{proxy.port}/"), **extra)
         for bound in ("RELAYQ_STORE_STATEMENT_TIMEOUT", "RELAYQ_STORE_SILENT_AFTER"):
             env.pop(bound, None)
         worker = Worker(env, tmp_path / "worker.log").start()
@@ -242,8 +248,9 @@ async def test_a_worker_whose_store_stays_silent_gives_its_runs_to_another_worke
     private_pg: PrivatePostgres, broker: Broker, tmp_path: Path, eventually: Eventually
 ):
     # Given two workers on one broker: A reaches the store through the proxy, B directly;
-    # and 40 runs in flight
-    with _worker_behind_proxy(private_pg, broker, tmp_path) as part:
+    # and 40 runs in flight. The store's bounds are the defaults; a dead worker's runs are
+    # taken over sooner than by default (the handover's own tests are test_sweeper's).
+    with _worker_behind_proxy(private_pg, broker, tmp_path, **SOON_TAKEN_OVER) as part:
         b_env = {**part.worker.env, "RELAYQ_DATABASE_URL": private_pg.url}
         other = Worker(b_env, tmp_path / "other.log").start()
         try:
@@ -262,8 +269,7 @@ async def test_a_worker_whose_store_stays_silent_gives_its_runs_to_another_worke
             # Then A, alive but cut off, beats no more, and B takes its runs over: every
             # run is done within 90 s, each tool call run once or again as a counted attempt.
             # (A still takes messages it cannot run, each sent again by B's sweeper once
-            # overdue: about 40 s here, most of it RELAYQ_WORKER_TIMEOUT and
-            # RELAYQ_REDELIVER_AFTER)
+            # overdue: RELAYQ_WORKER_TIMEOUT and RELAYQ_REDELIVER_AFTER)
             every = run_ids + after
             await eventually(lambda: all_finished(client.db, every), timeout=90, what="all done")
             print(f"{len(every)} runs done {time.monotonic() - silent_at:.1f} s after the silence")
