@@ -37,6 +37,7 @@ from tests.durable.batch_agents import STEPS
 
 from .conftest import (
     PG_ADMIN,
+    SQLITE_ONLY,
     Broker,
     Durable,
     Eventually,
@@ -50,6 +51,9 @@ from .test_cli_guidance import AGENTS as GUIDANCE_AGENTS
 from .test_cli_guidance import error_line, relayq
 
 pytestmark = pytest.mark.timeout(120)  # each test starts a worker or two of its own
+
+# The subject is the broker's queues, SQLite's store alone (SQLITE_ONLY): what the store
+# does for batches is proven on both stores by tests/store/test_batch_queues.py.
 
 AGENTS = "tests.durable.agents,tests.durable.batch_agents"
 TURNS = "relayq.turns"
@@ -125,6 +129,7 @@ def done_within(client: DurableClient, batch_id: str, total: int) -> Callable[[]
 # --- every turn of a batch goes to its queue -----------------------------------------------
 
 
+@SQLITE_ONLY
 async def test_every_turn_of_a_batch_goes_to_its_queue_after_an_answer_and_on_a_rerun(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -161,6 +166,7 @@ async def test_every_turn_of_a_batch_goes_to_its_queue_after_an_answer_and_on_a_
     assert {t.queue for t in turns} == {queue}
 
 
+@SQLITE_ONLY
 async def test_a_finished_batch_leaves_no_key_on_the_broker(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -188,6 +194,7 @@ async def test_a_finished_batch_leaves_no_key_on_the_broker(
     broker.close()
 
 
+@SQLITE_ONLY
 async def test_a_batch_started_with_no_worker_waits_at_low_priority_until_one_starts(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -213,6 +220,7 @@ async def test_a_batch_started_with_no_worker_waits_at_low_priority_until_one_st
     )
 
 
+@SQLITE_ONLY
 async def test_a_worker_takes_a_new_batch_at_once_not_at_its_next_look_at_the_store(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -230,6 +238,7 @@ async def test_a_worker_takes_a_new_batch_at_once_not_at_its_next_look_at_the_st
     await eventually(done_within(client, batch.batch_id, 2), timeout=20, what="the batch")
 
 
+@SQLITE_ONLY
 async def test_a_retried_batch_turn_goes_back_to_its_queue_at_the_batch_priority(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -258,6 +267,7 @@ async def test_a_retried_batch_turn_goes_back_to_its_queue_at_the_batch_priority
 # --- interactive runs first; batches take turns --------------------------------------------
 
 
+@SQLITE_ONLY
 async def test_interactive_runs_go_before_a_batch_queued_ahead_of_them(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -281,6 +291,7 @@ async def test_interactive_runs_go_before_a_batch_queued_ahead_of_them(
     await eventually(done_within(client, batch.batch_id, 40), timeout=60, what="the batch")
 
 
+@SQLITE_ONLY
 async def test_a_small_batch_started_after_a_large_one_is_not_left_to_the_end(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -301,6 +312,7 @@ async def test_a_small_batch_started_after_a_large_one_is_not_left_to_the_end(
     await eventually(done_within(client, large.batch_id, 40), timeout=60, what="batch A")
 
 
+@SQLITE_ONLY
 async def test_a_batch_finishes_the_runs_it_started_before_it_starts_more(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -322,6 +334,7 @@ async def test_a_batch_finishes_the_runs_it_started_before_it_starts_more(
 # --- workers for interactive runs only, or batches only ------------------------------------
 
 
+@SQLITE_ONLY
 async def test_a_skip_worker_never_takes_batch_turns_and_an_only_worker_only_those(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -342,6 +355,7 @@ async def test_a_skip_worker_never_takes_batch_turns_and_an_only_worker_only_tho
     assert ran == {("batch", "only"), ("now", "skip")}
 
 
+@SQLITE_ONLY
 async def test_interactive_runs_wait_while_the_only_worker_takes_batches_only(
     place: Place, tag: str, eventually: Eventually
 ):
@@ -357,6 +371,7 @@ async def test_interactive_runs_wait_while_the_only_worker_takes_batches_only(
 # --- a broker outage: the batch queue is consumed again, its lost turns sent again ---------
 
 
+@SQLITE_ONLY
 async def test_a_batch_goes_on_after_the_broker_restarts_empty(
     place: Place, tag: str, eventually: Eventually, tmp_path: Path
 ):

@@ -27,7 +27,7 @@ from tasks import DurableClient, Settings
 from tests import forkserver
 from tests.brokers import PrivateRedis
 
-from .conftest import ROOT, Durable, Eventually, SpareWorkers, Worker
+from .conftest import ROOT, SQLITE_ONLY, Durable, Eventually, SpareWorkers, Worker
 
 START_EARLY = True  # tests/conftest.py: its tests take long, so a lane takes them first
 
@@ -354,6 +354,7 @@ def stranded(db: Database, run_ids: list[str]) -> dict[str, int]:
 
 
 @pytest.mark.timeout(240)
+@SQLITE_ONLY  # the broker's return; the sweeper's re-sends are tests/store's
 async def test_runs_move_on_within_the_bound_after_the_broker_comes_back_empty(
     durable: Durable, tmp_path: Path, prompt: str
 ):

@@ -24,7 +24,7 @@ from tasks.broker.publish import publish
 from tasks.loopwatch import EXIT_STALLED
 
 from . import store_outage_agents  # noqa: F401  (the host knows the stall agent)
-from .conftest import Durable, Eventually, SpareWorkers
+from .conftest import SQLITE_ONLY, Durable, Eventually, SpareWorkers
 from .test_hangs import held_by
 from .test_store_outage import all_finished
 
@@ -121,6 +121,7 @@ QUICK = {
 """Workers that take a worker silent for 1.5 s for dead, and sweep every 0.3 s."""
 
 
+@SQLITE_ONLY  # the subject is the worker's loop watch, not the store
 async def test_a_worker_whose_event_loop_is_blocked_within_the_stall_bound_keeps_its_turns(
     durable: Durable, spare_workers: SpareWorkers, prompt: str, eventually: Eventually
 ):
@@ -143,6 +144,7 @@ async def test_a_worker_whose_event_loop_is_blocked_within_the_stall_bound_keeps
     assert crashes == 0
 
 
+@SQLITE_ONLY  # the subject is the worker's loop watch, not the store
 async def test_a_worker_whose_event_loop_stays_blocked_hands_its_runs_over_and_ends(
     durable: Durable,
     spare_workers: SpareWorkers,
