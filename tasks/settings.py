@@ -276,6 +276,9 @@ class Settings:
         "max_answer_bytes", parse=answer_bytes, default=limits.DEFAULT_MAX_ANSWER_BYTES
     )
     """The largest answer (and prompt) taken, as compact UTF-8 JSON; see `relayq.limits`."""
+    mcp_elicit_wait: timedelta = option("mcp_elicit_wait", default=timedelta(minutes=10))
+    """How long `relayq mcp` waits for a client's answer to one elicitation (a person's, at
+    a form) before the call ends saying what the run waits on."""
     turns: TurnSettings = field(default_factory=TurnSettings)
     recovery: RecoverySettings = field(default_factory=RecoverySettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)

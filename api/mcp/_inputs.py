@@ -83,8 +83,11 @@ def input_requests(stored: StoredRequest, tools: dict[str, dict[str, Any]]) -> Q
     request = stored.request
     if is_approval(request):
         schema = (request.data or {}).get("schema")
-        about = {"name": stored.tool, "arguments": arguments_of(request), "schema": schema}
-        return _ask({request.id: (request.prompt, _DECISION_SCHEMA, about)})
+        arguments = arguments_of(request)
+        about = {"name": stored.tool, "arguments": arguments, "schema": schema}
+        # The message alone is what most clients show: the call is in it.
+        message = f"{request.prompt}\n{stored.tool} with {json.dumps(arguments)}"
+        return _ask({request.id: (message, _DECISION_SCHEMA, about)})
     if not is_relay_request(request):
         about = {"kind": request.kind, "data": request.data}
         return _ask({request.id: (request.prompt, _QUESTION_SCHEMA, about)})

@@ -26,16 +26,20 @@ from typing import Any, cast
 
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel
+from mcp.shared.message import ServerMessageMetadata
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api._access import install as hide_secrets_from_access_log
 from api._auth import Permission, Principal, Tokens
-from api.mcp._inputs import TASKS, answer_of, input_requests, task_of
+from api.mcp._delivery import Delivery, delivery_of
+from api.mcp._inputs import CALLS_META, TASKS, answer_of, input_requests, task_of
 from relayq import ResumeError, UnstorableInput
 from relayq.agents import Agent, registered_agents
 from relayq.approvals import is_approval
@@ -48,7 +52,7 @@ from store.queries import get_run, run_result
 from tasks import DurableClient
 from tasks.settings import Settings
 
-__all__ = ["IGNORED_META", "WAIT", "McpFront", "mcp_app"]
+__all__ = ["IGNORED_META", "WAIT", "WAITING_META", "McpFront", "mcp_app"]
 
 IGNORED_META = "relayq/ignored"
 """Under a `tasks/update` result's `_meta`: the input responses that answered nothing open
@@ -56,7 +60,11 @@ IGNORED_META = "relayq/ignored"
 
 WAIT = 20.0
 """Seconds a call without the tasks extension waits for its run before it answers with a
-`requestState` to retry with."""
+`requestState` to retry with (2026-07-28), or with what the run waits on (earlier)."""
+
+WAITING_META = "relayq/waiting"
+"""Under a handshake-era call's result's `_meta`: the run, what it waits on, where to
+answer it."""
 
 DECIDED_EVERY = 1.0
 """Seconds between two looks at an approval a call without the tasks extension waits on."""
@@ -135,7 +143,16 @@ class McpFront:
     ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         who = self._principal(ctx, Permission.SUBMIT)
         agent = self._agent(params.name)
-        if params.request_state is not None:
+        delivery = delivery_of(ctx.protocol_version, ctx.session.client_capabilities)
+        if params.task is not None:
+            # 2025-11-25's experimental tasks: no tool here declares `taskSupport`, so a
+            # call that asks for one is refused as that revision says, starting nothing.
+            raise MCPError(
+                types.METHOD_NOT_FOUND,
+                f"{params.name} does not run as a 2025-11-25 task; on 2026-07-28, declare "
+                "the tasks extension (io.modelcontextprotocol/tasks)",
+            )
+        if params.request_state is not None and delivery is Delivery.ROUND_TRIPS:
             responses = {k: _wire(v) for k, v in (params.input_responses or {}).items()}
             run_id = await self._resume(who, params.request_state, responses)
         else:
@@ -146,8 +163,12 @@ class McpFront:
                 run_id = await self.client.start(agent, prompt, started_by=who.name)
             except UnstorableInput as exc:
                 raise MCPError(types.INVALID_PARAMS, str(exc)) from None
-            if _declared_tasks(ctx):
-                return {"resultType": "task", **await self._task(who, run_id)}
+        if delivery is Delivery.TASK:
+            return {"resultType": "task", **await self._task(who, run_id)}
+        if delivery is Delivery.ELICIT:
+            return await self._elicited(ctx, who, run_id)
+        if delivery is Delivery.WAITING:
+            return await self._waited(who, run_id)
         return await self._settle(who, run_id)
 
     def _agent(self, tool: str) -> Agent:
@@ -181,6 +202,28 @@ class McpFront:
     async def _settle(
         self, who: Principal, run_id: str
     ) -> types.CallToolResult | types.InputRequiredResult:
+        moment = await self._next_moment(who, run_id)
+        if isinstance(moment, types.CallToolResult):
+            return moment
+        stored = moment
+        if stored is None or not _may_answer(who, stored):
+            return types.InputRequiredResult(request_state=json.dumps({"run": run_id}))
+        asked = input_requests(stored, await self._schemas(stored.agent))
+        return types.InputRequiredResult.model_validate(
+            {
+                "resultType": "input_required",
+                "inputRequests": asked.requests,
+                "requestState": json.dumps({"run": run_id, "request": stored.request.id}),
+                "_meta": asked.meta,
+            }
+        )
+
+    async def _next_moment(
+        self, who: Principal, run_id: str
+    ) -> types.CallToolResult | StoredRequest | None:
+        """Within WAIT seconds: the run's end as a result, or the request it waits on that
+        `who` may answer; else (still working, or waiting on an approver) what it waits on,
+        or None."""
         deadline = time.monotonic() + WAIT
         while True:
             with contextlib.suppress(TimeoutError):
@@ -192,20 +235,71 @@ class McpFront:
                 return _text(result.error or f"the run is {result.status}", error=True)
             stored = await self._open_request(run_id) if result.status == "pending" else None
             if stored is None or _may_answer(who, stored) or time.monotonic() >= deadline:
-                break
+                return stored
             # An approval waits for an approver elsewhere: the call waits for the decision
             # (so the client's retries do not spin), then for the run.
             await self._decided(stored, within=deadline - time.monotonic())
-        if stored is None or not _may_answer(who, stored):
-            return types.InputRequiredResult(request_state=json.dumps({"run": run_id}))
-        asked = input_requests(stored, await self._schemas(stored.agent))
-        return types.InputRequiredResult.model_validate(
-            {
-                "resultType": "input_required",
-                "inputRequests": asked.requests,
-                "requestState": json.dumps({"run": run_id, "request": stored.request.id}),
-                "_meta": asked.meta,
-            }
+
+    # --- handshake-era clients (2024-11-05 to 2025-11-25) ----------------------------------
+
+    async def _waited(self, who: Principal, run_id: str) -> types.CallToolResult:
+        """The run's end within WAIT seconds; else a result saying what it waits on."""
+        moment = await self._next_moment(who, run_id)
+        if isinstance(moment, types.CallToolResult):
+            return moment
+        return self._waiting(run_id, moment)
+
+    async def _elicited(
+        self, ctx: ServerRequestContext[Any], who: Principal, run_id: str
+    ) -> types.CallToolResult:
+        """Ask the client, inside its call, each question the run's requests put to it, and
+        answer them, until the run ends; a question it leaves unanswered for
+        `RELAYQ_MCP_ELICIT_WAIT`, or a run still working after WAIT seconds, ends the call
+        with what it waits on."""
+        while True:
+            moment = await self._next_moment(who, run_id)
+            if isinstance(moment, types.CallToolResult):
+                return moment
+            if moment is None or not _may_answer(who, moment):
+                return self._waiting(run_id, moment)
+            asked = input_requests(moment, await self._schemas(moment.agent))
+            responses: dict[str, Any] = {}
+            for key, question in asked.requests.items():
+                response = await _elicit(
+                    ctx,
+                    key,
+                    question["params"],
+                    asked.details[key],
+                    within=self.settings.mcp_elicit_wait.total_seconds(),
+                )
+                if response is None:
+                    return self._waiting(run_id, moment)
+                responses[key] = response
+            try:
+                await self._answer(who, moment, responses)
+            except MCPError:
+                # Answered meanwhile elsewhere (the inbox, another call): wait on the run.
+                if await self._open_request(run_id) == moment:
+                    raise
+
+    def _waiting(self, run_id: str, stored: StoredRequest | None) -> types.CallToolResult:
+        """Not an error: the run goes on, and this says where."""
+        site = self.settings.webhooks.public_url.rstrip("/")
+        if stored is None:
+            text = f"Run {run_id} is still working: follow it at {site}/runs/{run_id}"
+            meta: dict[str, Any] = {"run": run_id, "status": "working"}
+        else:
+            rid = stored.request.id
+            text = (
+                f"Run {run_id} is waiting on request {rid} ({stored.request.kind}): "
+                f"answer it at {site}/requests/{rid}"
+            )
+            meta = {"run": run_id, "status": "pending", "request": rid}
+            meta["answerAt"] = f"{site}/requests/{rid}"
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            is_error=False,
+            _meta={WAITING_META: meta},
         )
 
     # --- the tasks extension ---------------------------------------------------------------
@@ -350,6 +444,35 @@ def _wire(response: Any) -> Any:
     return response
 
 
+async def _elicit(
+    ctx: ServerRequestContext[Any],
+    key: str,
+    params: dict[str, Any],
+    about: dict[str, Any],
+    *,
+    within: float,
+) -> dict[str, Any] | None:
+    """The client's answer to one question, as an input response; None if it gave none
+    within `within` seconds (or its session has no way back for a request)."""
+    request = types.ElicitRequest(
+        params=types.ElicitRequestFormParams(
+            message=params["message"],
+            requested_schema=params["requestedSchema"],
+            _meta={CALLS_META: {key: about}},
+        )
+    )
+    try:
+        result = await ctx.session.send_request(
+            request,
+            types.ElicitResult,
+            request_read_timeout_seconds=within,
+            metadata=ServerMessageMetadata(related_request_id=ctx.request_id),
+        )
+    except (MCPError, ValidationError):  # NoBackChannelError among the first
+        return None
+    return _wire(result)
+
+
 def _declared_tasks(ctx: ServerRequestContext[Any]) -> bool:
     capabilities = ctx.session.client_capabilities
     return bool(capabilities is not None and TASKS in (capabilities.extensions or {}))
@@ -391,10 +514,19 @@ class _BearerOnly:
             if refused is not None:
                 await refused(scope, receive, send)
                 return
+            # A handshake-era session is its opener's alone: the SDK serves a session's
+            # requests only to the principal that opened it (another's token: 404).
+            assert who is not None
+            scope["user"] = AuthenticatedUser(
+                AccessToken(token=who.name, client_id=who.name, scopes=[who.role])
+            )
         await self.app(scope, receive, send)
 
 
 def mcp_app(front: McpFront, *, host: str = "127.0.0.1") -> ASGIApp:
-    """The ASGI app serving `front` at `/mcp`."""
-    app: Starlette = front.server.streamable_http_app(stateless_http=True, host=host)
+    """The ASGI app serving `front` at `/mcp`. A 2026-07-28 request stands alone; a client
+    of an earlier revision gets a session (`Mcp-Session-Id`), which carries what it
+    declared at `initialize` and the way back for the server's elicitations: it lives in
+    this process, so a deployment of several routes a session's requests to one."""
+    app: Starlette = front.server.streamable_http_app(stateless_http=False, host=host)
     return _BearerOnly(app, front.tokens)

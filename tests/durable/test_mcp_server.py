@@ -11,19 +11,25 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import httpx2
 import mcp_types as types
+import mcp_types._v2025_11_25 as V2025
 import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
+from api.mcp._inputs import CALLS_META
+from api.mcp.front import WAITING_META
 from relayq.approvals import approve, edit
 from store import StoredRequest, decisions_of
 from store.audit import Decider
 from store.queries import run_view
 from tasks import DurableClient, Settings
+from tests.mcp_handshake_client import RpcError, connected_at
 from tests.mcp_tasks_client import (
     Task,
     cancel_task,
@@ -41,6 +47,8 @@ pytestmark = [pytest.mark.timeout(120), SQLITE_ONLY]
 
 OTHER_SUBMITTER = "tok-sub-2"
 SECRET = "a-secret-of-at-least-thirty-two-characters"
+ELICIT_WAIT = 8
+"""Seconds the served processes wait for an answer to an elicitation."""
 
 
 @dataclass
@@ -57,6 +65,7 @@ def served(durable: Durable, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         **spare.env,
         "RELAYQ_API_TOKENS": f"{TOKENS},sue:submitter:{OTHER_SUBMITTER}",
         "RELAYQ_API_SECRET": SECRET,
+        "RELAYQ_MCP_ELICIT_WAIT": str(ELICIT_WAIT),
     }
     logs = tmp_path_factory.mktemp("mcp")
     ports = (free_port(), free_port())
@@ -362,3 +371,143 @@ async def test_an_sdk_client_answering_elicitations_drives_a_run_to_its_end(serv
 
     assert sorted(seen) == [("alpha", {}), ("beta", {}), ("gamma", {})]
     assert result.content[0].text == "alpha ran,beta ran,gamma ran"  # type: ignore[union-attr]
+
+
+HANDSHAKE_ERA = list(HANDSHAKE_PROTOCOL_VERSIONS)
+"""Every revision before 2026-07-28 the SDK negotiates: 2024-11-05 to 2025-11-25."""
+
+
+@pytest.mark.parametrize("version", HANDSHAKE_ERA)
+async def test_a_client_of_each_earlier_revision_gets_a_result_of_its_revision_for_each_run(
+    served: Served, version: str
+):
+    # Given a client of an earlier revision that declares no elicitation
+    async with connected_at(served.urls[0], SUBMITTER, version) as (client, _):
+        assert client.negotiated == version
+        # When it calls an agent whose run ends, one whose run suspends, one whose run fails
+        done = await client.call_tool("run_recall", {"prompt": f"hello from {version}"})
+        waits = await client.call_tool("run_seed-three", {"prompt": f"waits on {version}"})
+        failed = await client.call_tool("run_buggy", {"prompt": "look up order 17"})
+
+    # Then each is a CallToolResult as its revision has it, never input_required
+    for result in (done, waits, failed):
+        V2025.CallToolResult.model_validate(result)
+        assert result.get("resultType", "complete") == "complete", result
+    assert (done["content"][0]["text"], done.get("isError")) == (f"hello from {version}", False)
+    assert failed["isError"] is True
+    assert "order 17 is not in the book" in failed["content"][0]["text"]
+    # and the suspended run's says, not as an error, what it waits on and where to answer it
+    assert waits["isError"] is False
+    about = waits["_meta"][WAITING_META]
+    rid = about["request"]
+    assert about["answerAt"].endswith(f"/requests/{rid}")
+    text = waits["content"][0]["text"]
+    assert f"is waiting on request {rid}" in text
+    assert about["answerAt"] in text
+
+
+ELICITING = [("2025-06-18", {"elicitation": {}}), ("2025-11-25", {"elicitation": {"form": {}}})]
+"""The earlier revisions with elicitation, and how each declares form mode."""
+
+
+@pytest.mark.parametrize(("version", "capabilities"), ELICITING, ids=[v for v, _ in ELICITING])
+async def test_a_client_of_an_earlier_revision_is_asked_each_relay_call_inside_its_call(
+    served: Served, version: str, capabilities: dict[str, Any]
+):
+    asked: list[dict[str, Any]] = []
+
+    def answer(params: dict[str, Any]) -> dict[str, Any]:
+        asked.append(params)
+        (about,) = params["_meta"][CALLS_META].values()
+        if about["name"] == "beta" and declining:
+            return {"action": "decline"}
+        return {"action": "accept", "content": {"output": f"{about['name']} ran"}}
+
+    url = served.urls[1]
+    async with connected_at(url, SUBMITTER, version, capabilities=capabilities, answer=answer) as (
+        client,
+        _,
+    ):
+        # When it calls an agent whose run asks for three relay calls
+        declining = False
+        done = await client.call_tool("run_seed-three", {"prompt": f"elicited on {version}"})
+        # Then it was asked each, a form naming the tool and its arguments, keyed by call id,
+        # and its answers completed the run
+        V2025.CallToolResult.model_validate(done)
+        assert (done["content"][0]["text"], done["isError"]) == (
+            "alpha ran,beta ran,gamma ran",
+            False,
+        )
+        assert [p["message"] for p in asked] == [
+            f"Run {n} with {{}}" for n in ("alpha", "beta", "gamma")
+        ]
+        assert [list(p["_meta"][CALLS_META]) for p in asked] == [["c1"], ["c2"], ["c3"]]
+        assert all(p["requestedSchema"]["required"] == ["output"] for p in asked)
+
+        # And a declined elicitation is a declined call: the run goes on without it
+        declining = True
+        declined = await client.call_tool("run_seed-three", {"prompt": f"declined on {version}"})
+    assert declined["isError"] is False
+    assert declined["content"][0]["text"] == "alpha ran,declined by the client,gamma ran"
+
+
+async def test_an_elicitation_left_unanswered_ends_the_call_saying_what_the_run_waits_on(
+    served: Served,
+):
+    # Given a client that declares elicitation and never answers one
+    async with connected_at(
+        served.urls[0], SUBMITTER, "2025-11-25", capabilities={"elicitation": {}},
+        answer=lambda params: None,
+    ) as (client, elicited):  # fmt: skip
+        # When its call's run asks for a relay call
+        result = await client.call_tool("run_lookup", {"prompt": "unanswered"})
+
+    # Then, RELAYQ_MCP_ELICIT_WAIT later, the call ends: not an error, naming the request
+    # the run still waits on (whose answer may come from the inbox, or a later call)
+    assert len(elicited.asked) == 1
+    assert result["isError"] is False
+    about = result["_meta"][WAITING_META]
+    assert about["status"] == "pending"
+    async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
+        (stored,) = await python.requests("open", run_id=about["run"])
+    assert about["request"] == stored.request.id
+
+
+async def test_a_session_is_its_openers_alone(served: Served):
+    # Given a session of an earlier revision, opened with one submitter's token
+    async with connected_at(served.urls[0], SUBMITTER, "2025-11-25") as (client, _):
+        assert client.session_id is not None
+        call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                "params": {"name": "run_recall", "arguments": {"prompt": "not yours"}}}  # fmt: skip
+        headers = {
+            "Authorization": f"Bearer {OTHER_SUBMITTER}",
+            "Mcp-Session-Id": client.session_id,
+            "MCP-Protocol-Version": "2025-11-25",
+            "Accept": "application/json, text/event-stream",
+        }
+        # When another token's holder sends a call on it
+        async with httpx.AsyncClient(trust_env=False) as http:
+            reply = await http.post(served.urls[0], json=call, headers=headers)
+
+    # Then it is told there is no such session, and no run was started
+    assert reply.status_code == 404
+    async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
+        started = await python.runs(agent="recall")
+        assert all([await _prompt_of(python, r.id) != "not yours" for r in started])
+
+
+async def test_a_2025_11_25_call_asking_for_a_task_is_refused_as_that_revision_says(
+    served: Served,
+):
+    async with connected_at(served.urls[0], SUBMITTER, "2025-11-25") as (client, _):
+        prompt = f"as a task {uuid.uuid4().hex}"
+        with pytest.raises(RpcError) as refused:
+            await client.request(
+                "tools/call",
+                {"name": "run_recall", "arguments": {"prompt": prompt}, "task": {"ttl": 60000}},
+            )
+    # -32601: the tool declares no taskSupport; and no run was started
+    assert refused.value.code == types.METHOD_NOT_FOUND
+    async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
+        started = await python.runs(agent="recall")
+        assert all([await _prompt_of(python, r.id) != prompt for r in started])
