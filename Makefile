@@ -60,12 +60,26 @@ typecheck: $(STAMP)
 # 701 s on four (2026-12-06, 2,838 tests; 482 s on five once tests/conftest.py froze
 # each module's survivors out of the lanes' collections).
 TEST_WORKERS ?= 5
+TS_CLIENTS := tests/clients/typescript
+TS_STAMP := $(TS_CLIENTS)/node_modules/.installed
 
 # Each lane, and each process the suite starts, imports relayq and the test modules: they
 # are compiled once, into __pycache__ (ignored by git), whatever PYTHONDONTWRITEBYTECODE
 # says outside, not once in every process (collecting the suite: 12 CPU-s against 5).
-pytest: $(STAMP)
+pytest: $(STAMP) $(TS_STAMP)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20
+
+# An MCP client nobody here wrote, the official TypeScript SDK's (tests/clients/typescript):
+# its packages, at the versions its lock names, for the tests marked `node`. A failed
+# install fails `make test`; with no npm at all those tests skip, or fail where
+# RELAYQ_REQUIRE names node (CI).
+$(TS_STAMP): $(TS_CLIENTS)/package.json $(TS_CLIENTS)/package-lock.json
+	@if command -v npm >/dev/null; then \
+	  echo "installing the TypeScript SDK's MCP client into $(TS_CLIENTS) (output in $(VENV)/npm.log) ..."; \
+	  (cd $(TS_CLIENTS) && npm ci --no-audit --no-fund) > $(VENV)/npm.log 2>&1 \
+	    || { tail -n 30 $(VENV)/npm.log; echo "make: npm ci failed in $(TS_CLIENTS)"; exit 1; }; \
+	  touch $@; \
+	else echo "make: no npm here: the TypeScript MCP client's tests will skip (install nodejs and npm)"; fi
 
 # `make demo DEMO=--keep` keeps the worker, the API and Flower running afterwards.
 demo: $(STAMP)
@@ -88,4 +102,4 @@ lock:
 	@echo "make: $(LOCK) refreshed; run make test before committing it"
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-lock .relayq .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-latest .venv-lock .relayq .pytest_cache .mypy_cache .ruff_cache $(TS_CLIENTS)/node_modules

@@ -1,11 +1,11 @@
 """What the whole suite needs of the machine, and what happens where it is missing.
 
 A test that needs a part some machines lack carries that part's marker
-(`browser`, `postgres`), and its fixture calls `machine_parts.missing(part,
+(`browser`, `postgres`, `node`), and its fixture calls `machine_parts.missing(part,
 reason)` where the part is missing: the test skips, saying why, so `make test`
 passes on a fresh machine and its summary says what it did not test.
 `RELAYQ_REQUIRE` names parts that must be there (`.ci/run` sets
-`RELAYQ_REQUIRE=browser,postgres,redis`): for those, `missing` fails the test
+`RELAYQ_REQUIRE=browser,node,postgres,redis`): for those, `missing` fails the test
 instead, and without `redis` the durable tests fail rather than fall back to
 the embedded broker.
 
@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from tests.typescript_client import TypeScriptClient
+from tests.typescript_client import missing as missing_typescript
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -39,6 +42,7 @@ PARTS = {
     "browser": "Debian's chromium (apt-get install chromium)",
     "postgres": "a PostgreSQL server (127.0.0.1:5432, or RELAYQ_TEST_POSTGRES)",
     "redis": "a Redis server on 127.0.0.1:6379",
+    "node": "Node.js and npm, and the npm registry for `make test` (the TypeScript SDK's client)",
 }
 
 
@@ -197,6 +201,15 @@ def leaves_no_folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def machine_parts(pytestconfig: pytest.Config) -> Parts:
     """What the session requires and found missing: `machine_parts.lacking(...)`."""
     return pytestconfig.stash[_PARTS]
+
+
+@pytest.fixture
+def typescript(machine_parts: Parts) -> TypeScriptClient:
+    """The official TypeScript SDK's MCP client (`tests.typescript_client`)."""
+    why = missing_typescript()
+    if why is not None:
+        machine_parts.missing("node", why)
+    return TypeScriptClient()
 
 
 @pytest.fixture

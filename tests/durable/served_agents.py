@@ -14,6 +14,7 @@ from relayq import (
     define_tool,
 )
 from relayq.approvals import requires_approval
+from relayq.relay import relay_tool
 
 from .agents import tool_outputs
 
@@ -36,4 +37,27 @@ gated = Agent(
     "gated",
     release_model,
     tools=[requires_approval(define_tool("release", "Release a service", SCHEMA, release))],
+)
+
+
+def release_then_look_up_model(req: InProcessRequest) -> InProcessResponse:
+    """First the approved release, then one relay call, then both outputs as the text."""
+    outputs = tool_outputs(req)
+    if len(outputs) == 2:
+        return InProcessResponse(content=" / ".join(outputs))
+    if outputs:
+        return InProcessResponse(
+            tool_calls=[InProcessToolCall(id="l1", name="lookup", arguments={"key": "web"})]
+        )
+    call = InProcessToolCall(id="r1", name="release", arguments={"service": "web"})
+    return InProcessResponse(tool_calls=[call])
+
+
+gated_lookup = Agent(
+    "gated-lookup",
+    release_then_look_up_model,
+    tools=[
+        requires_approval(define_tool("release", "Release a service", SCHEMA, release)),
+        relay_tool("lookup", "the host looks it up"),
+    ],
 )

@@ -40,6 +40,7 @@ from tests.mcp_tasks_client import (
 )
 from tests.ports import free_port
 from tests.processes import stop_group
+from tests.typescript_client import TypeScriptClient
 
 from .conftest import SQLITE_ONLY, SUBMITTER, TOKENS, Durable, SpareWorkers, poll, start_api_process
 
@@ -511,3 +512,59 @@ async def test_a_2025_11_25_call_asking_for_a_task_is_refused_as_that_revision_s
     async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
         started = await python.runs(agent="recall")
         assert all([await _prompt_of(python, r.id) != prompt for r in started])
+
+
+@pytest.mark.node
+async def test_the_typescript_sdks_client_drives_a_run_through_an_approval_and_a_relay_call(
+    served: Served, typescript: TypeScriptClient
+):
+    # Given the official TypeScript SDK's client (2025-11-25), declaring form elicitation,
+    # calling an agent whose run waits on an approval, then on a relay call
+    prompt = f"release then look up {uuid.uuid4().hex}"
+    plan = {"url": served.urls[0], "token": SUBMITTER, "tool": "run_gated-lookup",
+            "prompt": prompt, "elicit": True}  # fmt: skip
+    call = asyncio.create_task(typescript.call(plan))
+    # When an approver approves the release elsewhere while the call waits
+    run_id = await _run_of(served, "gated-lookup", prompt)
+    await decide_as_an_approver(served, run_id, approve)
+    lines = await call
+
+    # Then the client was asked for the relay call alone (the approval is not its
+    # starter's to decide), and its call ends with the run's final text
+    *elicited, last = lines
+    assert "error" not in last, last
+    assert last["protocolVersion"] == "2025-11-25"
+    assert [list(e["elicited"]["_meta"][CALLS_META]) for e in elicited] == [["l1"]]
+    assert elicited[0]["elicited"]["message"] == 'Run lookup with {"key": "web"}'
+    assert last["result"]["isError"] is False
+    assert last["result"]["content"][0]["text"] == "released web / lookup ran here"
+
+
+@pytest.mark.node
+async def test_the_typescript_sdks_client_without_elicitation_is_told_where_to_answer(
+    served: Served, typescript: TypeScriptClient
+):
+    plan = {"url": served.urls[1], "token": SUBMITTER, "tool": "run_seed-three",
+            "prompt": f"no elicitation {uuid.uuid4().hex}", "elicit": False}  # fmt: skip
+    (last,) = await typescript.call(plan)
+
+    assert "error" not in last, last
+    assert last["protocolVersion"] == "2025-11-25"
+    result = last["result"]
+    assert result["isError"] is False
+    rid = result["_meta"][WAITING_META]["request"]
+    assert f"is waiting on request {rid}" in result["content"][0]["text"]
+
+
+async def _run_of(served: Served, agent: str, prompt: str) -> str:
+    """The run of `agent` started with `prompt`, once it is there."""
+    async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
+
+        async def started() -> str | None:
+            for run in await python.runs(agent=agent):
+                if await _prompt_of(python, run.id) == prompt:
+                    return run.id
+            return None
+
+        run_id: str = await poll(started, what=f"the {agent} run")
+        return run_id
