@@ -149,6 +149,14 @@ def api(
 def mcp(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8100,
+    stdio: Annotated[
+        bool,
+        typer.Option(
+            "--stdio",
+            help="Serve one client over stdin and stdout instead (logs on stderr), acting "
+            "with RELAYQ_API_TOKEN; ends when stdin closes.",
+        ),
+    ] = False,
 ) -> None:
     """Serve each agent as an MCP tool, run_<agent>, over streamable HTTP at /mcp.
 
@@ -157,7 +165,15 @@ def mcp(
     """
     _check_setup()
     _check_tokens()
-    _load("api.mcp.serve", "the MCP server").serve(host, port)
+    served = _load("api.mcp.serve", "the MCP server")
+    if not stdio:
+        served.serve(host, port)
+        return
+    try:
+        served.stdio_principal()
+    except ValueError as exc:
+        fail(str(exc))
+    served.serve_stdio()
 
 
 def flower(

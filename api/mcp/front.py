@@ -87,9 +87,19 @@ class UpdateTaskParams(TaskIdParams):
 class McpFront:
     """The handlers, over one DurableClient and the API's tokens."""
 
-    def __init__(self, settings: Settings, tokens: Tokens, *, secret: bytes) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        tokens: Tokens,
+        *,
+        secret: bytes,
+        principal: Principal | None = None,
+    ) -> None:
         self.settings = settings
         self.tokens = tokens
+        self.principal = principal
+        """Who every request is from, where the transport carries no token (stdio); else
+        each request's bearer token says."""
         self._client: DurableClient | None = None
         self.server: Server[Any] = Server(
             "relayq",
@@ -424,6 +434,8 @@ class McpFront:
         return None if who is None else who.name
 
     def _lookup(self, ctx: ServerRequestContext[Any]) -> Principal | None:
+        if self.principal is not None:
+            return self.principal
         request = ctx.request
         header = request.headers.get("authorization", "") if request is not None else ""
         scheme, _, token = header.partition(" ")

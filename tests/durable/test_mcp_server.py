@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +43,17 @@ from tests.ports import free_port
 from tests.processes import stop_group
 from tests.typescript_client import TypeScriptClient
 
-from .conftest import SQLITE_ONLY, SUBMITTER, TOKENS, Durable, SpareWorkers, poll, start_api_process
+from .conftest import (
+    ROOT,
+    SQLITE_ONLY,
+    SUBMITTER,
+    TOKENS,
+    VIEWER,
+    Durable,
+    SpareWorkers,
+    poll,
+    start_api_process,
+)
 
 pytestmark = [pytest.mark.timeout(120), SQLITE_ONLY]
 
@@ -56,6 +67,8 @@ ELICIT_WAIT = 8
 class Served:
     spare: Durable
     urls: tuple[str, str]
+    env: dict[str, str]
+    """The `relayq mcp` processes' environment."""
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +85,8 @@ def served(durable: Durable, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     ports = (free_port(), free_port())
     procs = [start_api_process(env, port, logs / f"mcp-{port}.log", "mcp") for port in ports]
     try:
-        yield Served(spare, tuple(f"http://127.0.0.1:{p}/mcp" for p in ports))  # type: ignore[arg-type]
+        urls = tuple(f"http://127.0.0.1:{p}/mcp" for p in ports)
+        yield Served(spare, urls, env)  # type: ignore[arg-type]
     finally:
         for proc in procs:
             stop_group(proc)
@@ -568,3 +582,92 @@ async def _run_of(served: Served, agent: str, prompt: str) -> str:
 
         run_id: str = await poll(started, what=f"the {agent} run")
         return run_id
+
+
+def stdio_server(served: Served, token: str = SUBMITTER) -> dict[str, Any]:
+    """`relayq mcp --stdio` as a client starts it: its command, and the environment it is
+    given (the token it acts with among it)."""
+    env = {**served.env, "RELAYQ_API_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    return {"command": sys.executable, "args": ["-m", "cli.main", "mcp", "--stdio"],
+            "env": env, "cwd": str(ROOT)}  # fmt: skip
+
+
+@pytest.mark.node
+async def test_the_typescript_sdks_client_runs_an_agent_through_relayq_mcp_over_stdio(
+    served: Served, typescript: TypeScriptClient
+):
+    # Given the TypeScript SDK's client starting `relayq mcp --stdio` itself, as desktop
+    # and IDE clients start their servers, declaring form elicitation
+    plan = {"stdio": stdio_server(served), "tool": "run_seed-three",
+            "prompt": f"over stdio {uuid.uuid4().hex}", "elicit": True}  # fmt: skip
+    *elicited, last = await typescript.call(plan)
+
+    # Then it lists the agents, is asked each relay call, and gets the run's text
+    assert "error" not in last, last
+    assert "run_seed-three" in last["tools"]
+    assert [list(e["elicited"]["_meta"][CALLS_META]) for e in elicited] == [["c1"], ["c2"], ["c3"]]
+    assert last["result"]["content"][0]["text"] == "alpha ran here,beta ran here,gamma ran here"
+
+
+async def test_relayq_mcp_over_stdio_writes_only_messages_and_ends_when_stdin_closes(
+    served: Served,
+):
+    server = stdio_server(served)
+    proc = await asyncio.create_subprocess_exec(
+        server["command"], *server["args"], env=server["env"], cwd=server["cwd"],
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "pipe", "version": "1"}}}  # fmt: skip
+        listed = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+        for message in (init, {"jsonrpc": "2.0", "method": "notifications/initialized"}, listed):
+            proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await proc.stdin.drain()
+        replies = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 60)) for _ in "12"]
+        # When its stdin closes
+        proc.stdin.close()
+        code = await asyncio.wait_for(proc.wait(), 30)
+        rest = await proc.stdout.read()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    # Then it answered each request on stdout, wrote nothing else there, and ended cleanly
+    assert [r["id"] for r in replies] == [1, 2]
+    assert replies[0]["result"]["protocolVersion"] == "2025-06-18"
+    assert "run_seed-three" in {t["name"] for t in replies[1]["result"]["tools"]}
+    assert rest == b""
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("token", "says"),
+    [
+        ("", "set RELAYQ_API_TOKEN"),
+        ("not-a-token-of-ours", "RELAYQ_API_TOKEN is none of RELAYQ_API_TOKENS"),
+        (VIEWER, "a viewer: starting runs takes a submitter's"),
+    ],
+    ids=["none", "unknown", "viewer"],
+)
+async def test_relayq_mcp_over_stdio_without_a_submitters_token_says_so_and_ends(
+    served: Served, token: str, says: str
+):
+    server = stdio_server(served, token)
+    proc = await asyncio.create_subprocess_exec(
+        server["command"], *server["args"], env=server["env"], cwd=server["cwd"],
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+
+    assert proc.returncode != 0
+    assert out == b""
+    assert says in err.decode()
+    if token:
+        assert token not in err.decode()
