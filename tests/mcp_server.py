@@ -4,7 +4,8 @@
     python -m tests.mcp_server stdio         # over stdin and stdout
 
 Its tools write each execution to `$RELAYQ_TEST_LOG/mcp.log` (`tally`), so a test can
-count them; `MCP_TEST_TOOLSET=2` lists one tool more (a server whose tools changed).
+count them; `MCP_TEST_TOOLSET=2` lists one tool more (a server whose tools changed), and
+`grow` adds one while it runs, telling its clients.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 server = MCPServer("relayq-test-tools", log_level="WARNING")
 
@@ -61,6 +63,23 @@ def nap(seconds: float, ctx: Context) -> str:
     record("nap", ctx)
     time.sleep(seconds)
     return "rested"
+
+
+def grown() -> str:
+    """A tool `grow` adds while the server runs."""
+    return f"grown (pid {os.getpid()})"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Add the tool `grown`, and tell every client its tools changed: a 2026-07-28 one on
+    its `subscriptions/listen` stream, an earlier one by notification (this session's)."""
+    if "grown" not in {t.name for t in await server.list_tools()}:
+        server.add_tool(grown)
+    await ctx.notify_tools_changed()
+    if ctx.request_context.session.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+        await ctx.request_context.session.send_tool_list_changed()
+    return "grew"
 
 
 if os.environ.get("MCP_TEST_TOOLSET") == "2":

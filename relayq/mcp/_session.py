@@ -4,6 +4,11 @@ it fails, closed with its loop.
 The SDK's client lives inside anyio task groups, which must be entered and left by one
 task: each session is held open by a task of its own (`_hold`) until it is closed or
 its connection breaks. Callers on other tasks share it.
+
+The holder also follows the server's tool list: told it changed (a handshake-era
+server's `notifications/tools/list_changed`, or a 2026-07-28 server's event on a
+`subscriptions/listen` stream), it lists the tools again, and the next turns offer the
+new list.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +25,10 @@ import mcp_types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError as MCPSDKError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from relayq.mcp._errors import MCPError
 from relayq.mcp._servers import MCPServer, MCPServerHTTP
@@ -33,9 +41,16 @@ log = logging.getLogger("relayq.mcp")
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """A server's tools as one session listed them; a new session lists them anew."""
+    """A server's tools as one session last listed them."""
 
     tools: tuple[mcp_types.Tool, ...]
+
+
+@dataclass(slots=True)
+class _Connection:
+    client: Client
+    listing: Listing
+    """Listed at the start, and again each time the server says its tools changed."""
 
 
 class Session:
@@ -43,14 +58,14 @@ class Session:
 
     def __init__(self, server: MCPServer) -> None:
         self.server = server
-        self._open: asyncio.Future[tuple[Client, Listing]] | None = None
+        self._open: asyncio.Future[_Connection] | None = None
         self._holder: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._lock = asyncio.Lock()
 
     async def listing(self) -> Listing:
         """The tools of the server, connecting first if need be; MCPError if it cannot."""
-        return (await self._client())[1]
+        return (await self._wait(await self._opened())).listing
 
     async def call(
         self, tool: str, arguments: dict[str, Any], meta: dict[str, Any]
@@ -58,7 +73,7 @@ class Session:
         """Call `tool`; MCPError if the server cannot be reached or does not answer in time
         (the connection is dropped, and the next use opens another)."""
         opened = await self._opened()
-        client, _ = await self._wait(opened)
+        client = (await self._wait(opened)).client
         timeout = self.server.call_timeout.total_seconds()
         try:
             async with asyncio.timeout(timeout):
@@ -76,10 +91,7 @@ class Session:
         """Close the connection; the next use opens a new one. Safe to call twice."""
         await self._drop(None)
 
-    async def _client(self) -> tuple[Client, Listing]:
-        return await self._wait(await self._opened())
-
-    async def _opened(self) -> asyncio.Future[tuple[Client, Listing]]:
+    async def _opened(self) -> asyncio.Future[_Connection]:
         """The current connection's future, a new one if the last failed or ended."""
         async with self._lock:
             if self._open is None or not _usable(self._open, self._holder):
@@ -88,7 +100,7 @@ class Session:
                 self._holder = asyncio.create_task(self._hold(self._open, self._stop))
             return self._open
 
-    async def _wait(self, opened: asyncio.Future[tuple[Client, Listing]]) -> tuple[Client, Listing]:
+    async def _wait(self, opened: asyncio.Future[_Connection]) -> _Connection:
         seconds = self.server.connect_timeout.total_seconds()
         try:
             async with asyncio.timeout(seconds):
@@ -97,7 +109,7 @@ class Session:
             await self._drop(opened)
             raise MCPError(f"no answer in {seconds:g} s", self.server.label) from None
 
-    async def _drop(self, opened: asyncio.Future[tuple[Client, Listing]] | None) -> None:
+    async def _drop(self, opened: asyncio.Future[_Connection] | None) -> None:
         """Close the connection `opened` belongs to (any, if None), unless another already
         replaced it."""
         async with self._lock:
@@ -117,14 +129,13 @@ class Session:
                 await holder
         self._stop = asyncio.Event()
 
-    async def _hold(
-        self, opened: asyncio.Future[tuple[Client, Listing]], stop: asyncio.Event
-    ) -> None:
+    async def _hold(self, opened: asyncio.Future[_Connection], stop: asyncio.Event) -> None:
+        changed = asyncio.Event()
         try:
-            async with _connected(self.server) as client:
-                listing = await _list_tools(client)
-                opened.set_result((client, listing))
-                await stop.wait()
+            async with _connected(self.server, changed) as client:
+                connection = _Connection(client, await _list_tools(client))
+                opened.set_result(connection)
+                await self._follow(connection, stop, changed)
         except BaseException as exc:  # told to its waiters, never lost
             if not opened.done():
                 label = self.server.label
@@ -137,17 +148,79 @@ class Session:
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
+    async def _follow(
+        self, connection: _Connection, stop: asyncio.Event, changed: asyncio.Event
+    ) -> None:
+        """List the tools again each time the server says they changed, until `stop`."""
+        async with _listening(connection.client, changed):
+            while True:
+                await _first(stop.wait(), changed.wait())
+                if stop.is_set():
+                    return
+                changed.clear()
+                connection.listing = await _list_tools(connection.client)
+                names = ", ".join(sorted(t.name for t in connection.listing.tools))
+                log.info("MCP server %s: its tools changed: %s", self.server.label, names)
 
-def _usable(
-    opened: asyncio.Future[tuple[Client, Listing]], holder: asyncio.Task[None] | None
-) -> bool:
+
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Return once the first of `waits` has; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _listening(client: Client, changed: asyncio.Event) -> AsyncIterator[None]:
+    """On 2026-07-28, a `subscriptions/listen` stream of tool list changes, each setting
+    `changed`, for as long as the block runs; earlier, the notifications do
+    (`_connected`'s handler), unasked."""
+    if client.session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        yield
+        return
+    listening = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(_listen(client, changed, listening))
+    try:
+        await asyncio.wait([listening, task], return_when=asyncio.FIRST_COMPLETED)
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
+async def _listen(client: Client, changed: asyncio.Event, listening: asyncio.Future[None]) -> None:
+    try:
+        async with client.listen(tools_list_changed=True) as events:
+            listening.set_result(None)
+            async for _ in events:
+                changed.set()
+    except (MCPSDKError, SubscriptionLost, ListenNotSupportedError, TimeoutError) as exc:
+        # A server that does not serve the stream: its tools are as first listed.
+        log.info("MCP server: no tool list changes followed: %s", _brief(exc))
+    finally:
+        if not listening.done():
+            listening.set_result(None)
+
+
+def _usable(opened: asyncio.Future[_Connection], holder: asyncio.Task[None] | None) -> bool:
     if holder is None or holder.done():
         return False  # the connection ended
     return not opened.done() or (not opened.cancelled() and opened.exception() is None)
 
 
 @contextlib.asynccontextmanager
-async def _connected(server: MCPServer) -> AsyncIterator[Client]:
+async def _connected(server: MCPServer, changed: asyncio.Event) -> AsyncIterator[Client]:
+    """A client of `server`; a handshake-era server's word that its tools changed sets
+    `changed` (the holder lists them again: not here, on the session's receiving task)."""
+
+    async def told(message: Any) -> None:
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            changed.set()
+
     if isinstance(server, MCPServerHTTP):
         async with create_mcp_http_client(
             headers=dict(server.headers),
@@ -156,7 +229,7 @@ async def _connected(server: MCPServer) -> AsyncIterator[Client]:
             ),
         ) as http:
             transport = streamable_http_client(server.url, http_client=http)
-            async with Client(transport, cache=None) as client:
+            async with Client(transport, cache=None, message_handler=told) as client:
                 yield client
     else:
         params = StdioServerParameters(
@@ -165,7 +238,7 @@ async def _connected(server: MCPServer) -> AsyncIterator[Client]:
             env=dict(server.env) or None,
             cwd=server.cwd,
         )
-        async with Client(params, cache=None) as client:
+        async with Client(params, cache=None, message_handler=told) as client:
             yield client
 
 

@@ -55,3 +55,19 @@ def ship_by_host(req: InProcessRequest) -> InProcessResponse:
 
 mcp_tools = Agent("mcp-tools", tally_both, mcp_servers=[web, box])
 mcp_relay = Agent("mcp-relay", ship_by_host, mcp_servers=[web])
+
+
+def wait_for_growth(req: InProcessRequest) -> InProcessResponse:
+    """A nap a turn until the server offers `grown`; then one call of it, and its output."""
+    outputs = tool_outputs(req)
+    if outputs and outputs[-1].startswith("grown"):
+        return InProcessResponse(content=outputs[-1])
+    offered = {tool["function"]["name"] for tool in req.tools}
+    turn = len(outputs)
+    if "web_grown" in offered:
+        return InProcessResponse(tool_calls=[InProcessToolCall(id=f"g{turn}", name="web_grown")])
+    nap = InProcessToolCall(id=f"n{turn}", name="web_nap", arguments={"seconds": 0.2})
+    return InProcessResponse(tool_calls=[nap])
+
+
+mcp_growing = Agent("mcp-growing", wait_for_growth, mcp_servers=[web], max_turns=400)

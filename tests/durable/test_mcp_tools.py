@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from mcp import Client
 
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from tasks import DurableClient
@@ -164,3 +165,35 @@ async def test_a_server_whose_tools_changed_while_a_run_was_suspended_is_reporte
     log = spare.worker.logfile.read_text()
     assert f"run {run_id} resumes with other tools than it started with" in log
     assert "MCP servers ('web')" in log
+
+
+@SQLITE_ONLY
+async def test_later_turns_offer_the_tool_a_server_added_under_a_running_batch(
+    spare_workers: SpareWorkers, mcp_server: MCPServerProcess, eventually: Eventually
+):
+    # Given a batch of runs that nap a turn at a time until their server offers `grown`
+    spare = start_worker(spare_workers, mcp_server)
+    client = DurableClient(settings=spare.settings)
+    try:
+        started = await client.start_batch(
+            "mcp-growing", [(f"g{i}", f"grow {i}") for i in range(8)]
+        )
+        await eventually(
+            lambda: sum(line.startswith("nap ") for line in tallies(spare)) >= 16,
+            what="the runs napping",
+        )
+        # When the server adds the tool, telling its clients (a client of the test's own
+        # calls its `grow`)
+        async with Client(mcp_server.url, cache=None) as other:
+            assert (await other.call_tool("grow", {})).content[0].text == "grew"  # type: ignore[union-attr]
+        results = [
+            await client.result(run_id, wait=True, timeout=60)
+            for run_id in await _run_ids(client, started.batch_id)
+        ]
+    finally:
+        client.close()
+
+    # Then the worker listed its tools again, and every run's next turn called the new one
+    assert [r.status for r in results] == ["done"] * 8
+    assert all(r.text.startswith("grown (pid") for r in results), [r.text for r in results]
+    assert "its tools changed" in spare.worker.logfile.read_text()

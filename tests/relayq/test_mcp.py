@@ -27,8 +27,10 @@ from relayq.agents import AgentError
 from relayq.approvals import approve, requires_approval
 from relayq.mcp import MCPError, MCPServerHTTP, MCPServerStdio, check_servers
 from relayq.mcp._tools import SENDS
+from tests.durable.conftest import poll
 from tests.mcp_processes import ROOT, MCPServerProcess, stdio_args
 from tests.ports import free_port
+from tests.typescript_client import CLIENTS, TypeScriptClient
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -299,3 +301,25 @@ def test_an_agent_refuses_what_is_not_an_mcp_server_and_two_servers_of_one_name(
     twice = [MCPServerHTTP("http://a/mcp", name="s"), MCPServerHTTP("http://b/mcp", name="s")]
     with pytest.raises(AgentError, match="two of its MCP servers have one name"):
         Agent("x", lambda r: None, mcp_servers=twice, register=False)  # type: ignore[arg-type,return-value]
+
+
+@pytest.mark.node
+async def test_a_servers_notification_that_its_tools_changed_is_followed(
+    typescript: TypeScriptClient,
+):
+    # Given an agent whose server, built with the TypeScript SDK, speaks 2025-11-25 at most
+    # (its changes come as notifications/tools/list_changed)
+    server = MCPServerStdio("node", args=[str(CLIENTS / "server.mjs")], cwd=CLIENTS, name="ts")
+    first = await agent(server).toolkit()
+    assert {t.name for t in first.tools} == {"ts_grow"}
+
+    # When a call of its `grow` adds a tool
+    assert (await call(first, "ts_grow", {})).output == "grew"
+
+    # Then the next toolkit offers it, without a new connection, and it can be called
+    async def offered() -> Toolkit | None:
+        toolkit = await agent(server).toolkit()
+        return toolkit if toolkit.get("ts_grown") is not None else None
+
+    later = await poll(offered, what="the new tool offered")
+    assert (await call(later, "ts_grown", {})).output.startswith("grown (pid")
