@@ -421,6 +421,22 @@ async def test_a_client_of_each_earlier_revision_gets_a_result_of_its_revision_f
     assert about["answerAt"] in text
 
 
+async def test_a_2026_07_28_client_gets_a_result_of_its_revision_for_each_run(served: Served):
+    # The revision the SDK's own client speaks, without the tasks extension, as before
+    async with connected(served.urls[0], SUBMITTER, tasks=False) as client:
+        call = client.session.call_tool
+        done = await call("run_recall", {"prompt": "hello, 2026"}, allow_input_required=True)
+        waits = await call("run_seed-three", {"prompt": "waits, 2026"}, allow_input_required=True)
+        failed = await call("run_buggy", {"prompt": "order 17, 2026"}, allow_input_required=True)
+
+    assert isinstance(done, types.CallToolResult)
+    assert (done.content[0].text, done.is_error) == ("hello, 2026", False)  # type: ignore[union-attr]
+    assert isinstance(waits, types.InputRequiredResult)
+    assert set(waits.input_requests or {}) == {"c1", "c2", "c3"}
+    assert isinstance(failed, types.CallToolResult)
+    assert failed.is_error is True
+
+
 ELICITING = [("2025-06-18", {"elicitation": {}}), ("2025-11-25", {"elicitation": {"form": {}}})]
 """The earlier revisions with elicitation, and how each declares form mode."""
 
@@ -597,16 +613,23 @@ async def test_the_typescript_sdks_client_runs_an_agent_through_relayq_mcp_over_
     served: Served, typescript: TypeScriptClient
 ):
     # Given the TypeScript SDK's client starting `relayq mcp --stdio` itself, as desktop
-    # and IDE clients start their servers, declaring form elicitation
-    plan = {"stdio": stdio_server(served), "tool": "run_seed-three",
-            "prompt": f"over stdio {uuid.uuid4().hex}", "elicit": True}  # fmt: skip
-    *elicited, last = await typescript.call(plan)
+    # and IDE clients start their servers, declaring form elicitation, and calling an agent
+    # whose run waits on an approval, then on a relay call
+    prompt = f"over stdio {uuid.uuid4().hex}"
+    plan = {"stdio": stdio_server(served), "tool": "run_gated-lookup", "prompt": prompt,
+            "elicit": True}  # fmt: skip
+    call = asyncio.create_task(typescript.call(plan))
+    # When an approver approves the release elsewhere while the call waits
+    run_id = await _run_of(served, "gated-lookup", prompt)
+    await decide_as_an_approver(served, run_id, approve)
+    *elicited, last = await call
 
-    # Then it lists the agents, is asked each relay call, and gets the run's text
+    # Then it listed the agents, was asked the relay call, and got the run's text
     assert "error" not in last, last
-    assert "run_seed-three" in last["tools"]
-    assert [list(e["elicited"]["_meta"][CALLS_META]) for e in elicited] == [["c1"], ["c2"], ["c3"]]
-    assert last["result"]["content"][0]["text"] == "alpha ran here,beta ran here,gamma ran here"
+    assert "run_gated-lookup" in last["tools"]
+    assert [list(e["elicited"]["_meta"][CALLS_META]) for e in elicited] == [["l1"]]
+    assert last["result"]["isError"] is False
+    assert last["result"]["content"][0]["text"] == "released web / lookup ran here"
 
 
 async def test_relayq_mcp_over_stdio_writes_only_messages_and_ends_when_stdin_closes(
