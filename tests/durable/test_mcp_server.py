@@ -694,3 +694,25 @@ async def test_relayq_mcp_over_stdio_without_a_submitters_token_says_so_and_ends
     assert says in err.decode()
     if token:
         assert token not in err.decode()
+
+
+async def test_an_elicitation_answered_with_what_does_not_fit_is_refused_and_changes_nothing(
+    served: Served,
+):
+    # Given a client of 2025-11-25 that answers a relay call's form with a number
+    async with connected_at(
+        served.urls[1], SUBMITTER, "2025-11-25", capabilities={"elicitation": {}},
+        answer=lambda params: {"action": "accept", "content": {"output": 5}},
+    ) as (client, elicited):  # fmt: skip
+        prompt = f"a number {uuid.uuid4().hex}"
+        # Then its call is refused, saying what is wrong
+        with pytest.raises(RpcError) as refused:
+            await client.call_tool("run_lookup", {"prompt": prompt})
+    assert refused.value.code == types.INVALID_PARAMS
+    assert "must have a text output" in refused.value.message
+    # and the run still waits on the call, unanswered
+    run_id = await _run_of(served, "lookup", prompt)
+    async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
+        (stored,) = await python.requests("open", run_id=run_id)
+    assert stored.answer is None
+    assert len(elicited.asked) == 1
