@@ -8,8 +8,9 @@ gets a session that lives in the process until it is closed or idle for 30 minut
 (issue 52). One `relayq mcp` process on a SQLite store, measured twice side by side:
 with one session, then with `--sessions` more opened (`initialize`, then
 `notifications/initialized`, 50 at a time) and left idle: the process's resident memory,
-what opening one took (p50, p99), and a client's `tools/list` (p50, p99, and the p50's
-ratio to one session).
+its CPU while nothing is asked of it (`--idle` seconds, a share of one core), what opening
+one took (p50, p99), and a client's `tools/list` (p50, p99, and the p50's ratio to one
+session).
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "tok-bench-mcp"
 VERSION = "2025-11-25"
 HEADERS = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {TOKEN}"}
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+async def _idle_cpu(pid: int, seconds: float) -> float:
+    """The process's CPU while nothing is asked of it: a share of one core."""
+    before = _cpu_s(pid)
+    await asyncio.sleep(seconds)
+    return (_cpu_s(pid) - before) / seconds
 
 
 def _rss_mb(pid: int) -> float:
@@ -77,13 +93,15 @@ def _ms(values: list[float], q: float) -> float:
     return 1000 * sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
 
-async def measure(url: str, pid: int, sessions: int, listings: int) -> list[dict[str, Any]]:
+async def measure(
+    url: str, pid: int, sessions: int, listings: int, idle: float
+) -> list[dict[str, Any]]:
     limits = httpx.Limits(max_connections=60)
     async with httpx.AsyncClient(timeout=60, trust_env=False, limits=limits) as http:
         first, _ = await _open(http, url)
         await _listings(http, url, first, 20)  # warm
-        rows = [{"sessions": 1, "rss": _rss_mb(pid), "open": [],
-                 "list": await _listings(http, url, first, listings)}]  # fmt: skip
+        rows = [{"sessions": 1, "rss": _rss_mb(pid), "idle": await _idle_cpu(pid, idle),
+                 "open": [], "list": await _listings(http, url, first, listings)}]  # fmt: skip
         gate = asyncio.Semaphore(50)
 
         async def one() -> float:
@@ -91,7 +109,8 @@ async def measure(url: str, pid: int, sessions: int, listings: int) -> list[dict
                 return (await _open(http, url))[1]
 
         opened = await asyncio.gather(*(one() for _ in range(sessions)))
-        rows.append({"sessions": 1 + sessions, "rss": _rss_mb(pid), "open": list(opened),
+        rows.append({"sessions": 1 + sessions, "rss": _rss_mb(pid),
+                     "idle": await _idle_cpu(pid, idle), "open": list(opened),
                      "list": await _listings(http, url, first, listings)})  # fmt: skip
     return rows
 
@@ -99,7 +118,7 @@ async def measure(url: str, pid: int, sessions: int, listings: int) -> list[dict
 def print_table(rows: list[dict[str, Any]]) -> None:
     base = statistics.median(rows[0]["list"])
     print(
-        f"{'sessions':>9} {'RSS MB':>8} {'open p50':>9} {'open p99':>9} "
+        f"{'sessions':>9} {'RSS MB':>8} {'idle CPU':>9} {'open p50':>9} {'open p99':>9} "
         f"{'list p50':>9} {'list p99':>9} {'p50 ratio':>10}"
     )
     for row in rows:
@@ -107,8 +126,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         o50 = f"{_ms(opens, 0.5):.1f}" if opens else "-"
         o99 = f"{_ms(opens, 0.99):.1f}" if opens else "-"
         ratio = statistics.median(row["list"]) / base
+        idle = f"{100 * row['idle']:.1f}%"
         print(
-            f"{row['sessions']:>9,} {row['rss']:>8.1f} {o50:>9} {o99:>9} "
+            f"{row['sessions']:>9,} {row['rss']:>8.1f} {idle:>9} {o50:>9} {o99:>9} "
             f"{_ms(row['list'], 0.5):>9.2f} {_ms(row['list'], 0.99):>9.2f} {ratio:>9.2f}x"
         )
 
@@ -117,9 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--listings", type=int, default=200)
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds idle measured")
     args = parser.parse_args(argv)
-    if args.sessions < 1 or args.listings < 1:
-        parser.error("--sessions and --listings must be at least 1")
+    if args.sessions < 1 or args.listings < 1 or args.idle <= 0:
+        parser.error("--sessions and --listings must be at least 1, --idle more than 0")
     with bench_home("mcp-sessions") as home:
         port = free_port()
         env = {
@@ -143,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit((home / "mcp.log").read_text()[-2000:])
                 time.sleep(0.05)
-            rows = asyncio.run(measure(url, proc.pid, args.sessions, args.listings))
+            rows = asyncio.run(measure(url, proc.pid, args.sessions, args.listings, args.idle))
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
