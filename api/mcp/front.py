@@ -247,8 +247,10 @@ class McpFront:
             if stored is None or _may_answer(who, stored) or time.monotonic() >= deadline:
                 return stored
             # An approval waits for an approver elsewhere: the call waits for the decision
-            # (so the client's retries do not spin), then for the run.
-            await self._decided(stored, within=deadline - time.monotonic())
+            # (so the client's retries do not spin), then, the wait begun again (a decision
+            # is the run moving on), for the run.
+            if await self._decided(stored, within=deadline - time.monotonic()):
+                deadline = time.monotonic() + WAIT
 
     # --- handshake-era clients (2024-11-05 to 2025-11-25) ----------------------------------
 
@@ -394,13 +396,14 @@ class McpFront:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from None
         return set(responses) & set(input_requests(stored, {}).requests)
 
-    async def _decided(self, stored: StoredRequest, *, within: float) -> None:
-        """Return once `stored` is no longer open, or after `within` seconds."""
+    async def _decided(self, stored: StoredRequest, *, within: float) -> bool:
+        """Whether `stored` was decided (is no longer open) within `within` seconds."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             await asyncio.sleep(min(DECIDED_EVERY, max(deadline - time.monotonic(), 0)))
             if await self._open_request(stored.run_id) != stored:
-                return
+                return True
+        return False
 
     async def _open_request(self, run_id: str) -> StoredRequest | None:
         open_now = await self.client.requests("open", run_id=run_id)
