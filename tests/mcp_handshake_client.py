@@ -51,7 +51,7 @@ class HandshakeClient:
     negotiated: str | None = None
     _ids: int = 0
 
-    def _headers(self) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json, text/event-stream"}
         if self.session_id is not None:
             headers["Mcp-Session-Id"] = self.session_id
@@ -64,7 +64,7 @@ class HandshakeClient:
         self._ids += 1
         message = {"jsonrpc": "2.0", "id": self._ids, "method": method, "params": params}
         async with self.http.stream(
-            "POST", self.url, json=message, headers=self._headers()
+            "POST", self.url, json=message, headers=self.headers()
         ) as reply:
             if reply.status_code >= 400:
                 await reply.aread()
@@ -84,7 +84,7 @@ class HandshakeClient:
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             message["params"] = params
-        reply = await self.http.post(self.url, json=message, headers=self._headers())
+        reply = await self.http.post(self.url, json=message, headers=self.headers())
         assert reply.status_code == 202, reply.text
 
     async def _answer_server(self, request: dict[str, Any]) -> None:
@@ -97,7 +97,7 @@ class HandshakeClient:
         else:
             body = {"error": {"code": -32601, "message": f"no {request['method']} here"}}
         response = {"jsonrpc": "2.0", "id": request["id"], **body}
-        reply = await self.http.post(self.url, json=response, headers=self._headers())
+        reply = await self.http.post(self.url, json=response, headers=self.headers())
         assert reply.status_code == 202, reply.text
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -151,4 +151,4 @@ async def connected_at(
             yield client, client.elicited
         finally:
             if client.session_id is not None:
-                await http.delete(url, headers=client._headers())
+                await http.delete(url, headers=client.headers())

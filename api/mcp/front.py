@@ -302,12 +302,10 @@ class McpFront:
             meta: dict[str, Any] = {"run": run_id, "status": "working"}
         else:
             rid = stored.request.id
-            text = (
-                f"Run {run_id} is waiting on request {rid} ({stored.request.kind}): "
-                f"answer it at {site}/requests/{rid}"
-            )
-            meta = {"run": run_id, "status": "pending", "request": rid}
-            meta["answerAt"] = f"{site}/requests/{rid}"
+            page = f"{site}/requests/{rid}"
+            kind = stored.request.kind
+            text = f"Run {run_id} is waiting on request {rid} ({kind}): answer it at {page}"
+            meta = {"run": run_id, "status": "pending", "request": rid, "answerAt": page}
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=text)],
             is_error=False,

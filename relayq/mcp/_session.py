@@ -132,7 +132,11 @@ class Session:
     async def _hold(self, opened: asyncio.Future[_Connection], stop: asyncio.Event) -> None:
         changed = asyncio.Event()
         try:
-            async with _connected(self.server, changed) as client:
+            async with (
+                _connected(self.server, changed) as client,
+                _listening(client, changed, self.server.label),
+            ):
+                # Listed once the changes are followed: none falls between the two.
                 connection = _Connection(client, await _list_tools(client))
                 opened.set_result(connection)
                 await self._follow(connection, stop, changed)
@@ -152,15 +156,14 @@ class Session:
         self, connection: _Connection, stop: asyncio.Event, changed: asyncio.Event
     ) -> None:
         """List the tools again each time the server says they changed, until `stop`."""
-        async with _listening(connection.client, changed):
-            while True:
-                await _first(stop.wait(), changed.wait())
-                if stop.is_set():
-                    return
-                changed.clear()
-                connection.listing = await _list_tools(connection.client)
-                names = ", ".join(sorted(t.name for t in connection.listing.tools))
-                log.info("MCP server %s: its tools changed: %s", self.server.label, names)
+        while True:
+            await _first(stop.wait(), changed.wait())
+            if stop.is_set():
+                return
+            changed.clear()
+            connection.listing = await _list_tools(connection.client)
+            names = ", ".join(sorted(t.name for t in connection.listing.tools))
+            log.info("MCP server %s: its tools changed: %s", self.server.label, names)
 
 
 async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
@@ -174,15 +177,15 @@ async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _listening(client: Client, changed: asyncio.Event) -> AsyncIterator[None]:
+async def _listening(client: Client, changed: asyncio.Event, label: str) -> AsyncIterator[None]:
     """On 2026-07-28, a `subscriptions/listen` stream of tool list changes, each setting
-    `changed`, for as long as the block runs; earlier, the notifications do
-    (`_connected`'s handler), unasked."""
+    `changed`, acknowledged before the block runs and open while it does; earlier, the
+    notifications do (`_connected`'s handler), unasked."""
     if client.session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         yield
         return
     listening = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(_listen(client, changed, listening))
+    task = asyncio.create_task(_listen(client, changed, listening, label))
     try:
         await asyncio.wait([listening, task], return_when=asyncio.FIRST_COMPLETED)
         yield
@@ -192,7 +195,9 @@ async def _listening(client: Client, changed: asyncio.Event) -> AsyncIterator[No
             await task
 
 
-async def _listen(client: Client, changed: asyncio.Event, listening: asyncio.Future[None]) -> None:
+async def _listen(
+    client: Client, changed: asyncio.Event, listening: asyncio.Future[None], label: str
+) -> None:
     try:
         async with client.listen(tools_list_changed=True) as events:
             listening.set_result(None)
@@ -200,7 +205,7 @@ async def _listen(client: Client, changed: asyncio.Event, listening: asyncio.Fut
                 changed.set()
     except (MCPSDKError, SubscriptionLost, ListenNotSupportedError, TimeoutError) as exc:
         # A server that does not serve the stream: its tools are as first listed.
-        log.info("MCP server: no tool list changes followed: %s", _brief(exc))
+        log.info("MCP server %s: its tool list is not followed: %s", label, _brief(exc))
     finally:
         if not listening.done():
             listening.set_result(None)

@@ -320,8 +320,8 @@ def test_a_begin_another_process_turned_back_is_no_transaction_of_the_turn(
     other = sqlite3.connect(path, isolation_level=None)
     try:
         migrate(db)
-        with db.transaction():
-            pass  # the writers' connection made, outside the count
+        with db.transaction() as conn:  # the writers' connection made, outside the count
+            conn.exec_driver_sql("SELECT 1")
         before = len(store_calls(tmp_path / "log"))
         other.execute("BEGIN IMMEDIATE")
         with pytest.raises(StoreBusy), impatient(), db.transaction() as conn:
