@@ -188,6 +188,7 @@ class LoopWatch:
             for handler in logging.getLogger().handlers:
                 with contextlib.suppress(Exception):
                     handler.flush()
+            self._stop.set()  # once: an exit that returns (a test's) is not asked again
             self._exit(EXIT_STALLED)
 
     def what_it_does(self) -> str:
