@@ -18,7 +18,7 @@ Each run's times are read from the store: its request opened, the call's first
 lease, the request answered (the run sent on), and the run done (the turn after
 the answer ended). The tables give p50 and p99 of each from the request opened,
 and the trickle's open-to-lease as a share of the API's look-again interval
-(`tasks.host.leasing.RECHECK`): far under 1, the host was woken (Redis), not polled.
+(`tasks.client.leasing.RECHECK`): far under 1, the host was woken (Redis), not polled.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from bench.inflight import bench_env, bench_store, drop_postgres, free_port, sta
 from store import FINISHED, Database, RunRow
 from store.models import LeaseRow, RequestRow, utcnow
 from tasks import DurableClient, Settings
-from tasks.host.leasing import RECHECK
+from tasks.client.leasing import RECHECK
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = "bench-relayed"

@@ -35,7 +35,7 @@ from bench.inflight import bench_env, bench_store, drop_postgres, free_port, sta
 from bench.inflight import wait_ready as worker_ready
 from bench.turns import start_server
 from tasks import DurableClient, Settings
-from tasks.host.client import Waiting
+from tasks.client.client import Waiting
 
 WAYS: tuple[Waiting, ...] = ("pushed", "polled")
 MANY_TURNS = 5

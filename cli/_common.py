@@ -39,7 +39,7 @@ from relayq import Budget, RelayqError
 from store import Database, OutboxRow, StoreUnavailable
 from store.paging import BadQuery
 from store.request_terms import age_of as read_age
-from tasks.host.client import DurableClient
+from tasks.client.client import DurableClient
 from tasks.settings import Settings
 
 __all__ = [

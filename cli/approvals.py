@@ -35,7 +35,7 @@ from relayq.relay import relay_calls_of
 from store import AuditQuery, Decider, RequestQuery, list_decisions
 from store.answers import MAX_BULK, BulkChoice, bulk_choice
 from store.votes import proposed_arguments
-from tasks.host.client import DurableClient
+from tasks.client.client import DurableClient
 
 __all__ = ["audit", "bulk", "cli_decider", "decision_answer", "os_user"]
 

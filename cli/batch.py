@@ -41,7 +41,7 @@ from cli.batch_watch import watch
 from cli.render import plural
 from relayq import new_id
 from store import FINISHED, RunRow, batch_prompts, batch_results, find_batch
-from tasks.host.client import DurableClient
+from tasks.client.client import DurableClient
 
 __all__ = ["Job", "batch", "read_jobs", "sidecar_of"]
 

@@ -17,7 +17,7 @@ from sqlmodel import col, select
 from cli._common import fail
 from cli.batch_files import Job, write_results
 from store import FINISHED, Database, RunRow
-from tasks.host.client import DurableClient
+from tasks.client.client import DurableClient
 
 __all__ = ["watch"]
 

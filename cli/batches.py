@@ -29,7 +29,7 @@ from store import (
     result_of,
 )
 from tasks.broker.circuit import CircuitView, batch_waits, since_text
-from tasks.host.client import DurableClient
+from tasks.client.client import DurableClient
 
 __all__ = ["BatchGroup", "batches", "cancel", "export", "status", "status_of"]
 

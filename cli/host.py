@@ -35,7 +35,7 @@ from relayq import RunResult
 from store import FINISHED, RunRow, StoredRequest, get_request, get_run, settled
 from store.queries import RunSummary
 from store.transitions import STATUSES
-from tasks.host.client import DurableClient, WaitTimeout
+from tasks.client.client import DurableClient, WaitTimeout
 
 __all__ = ["cancel", "run", "runs", "show"]
 

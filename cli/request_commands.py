@@ -31,7 +31,7 @@ from store import Page, RequestPage, RequestQuery, StoredRequest, get_request
 from store.paging import DEFAULT_PAGE, MAX_PAGE
 from store.requests import STATUSES as STORED_STATUSES
 from store.requests import RequestSort, SortOrder, read_statuses
-from tasks.host.client import DurableClient
+from tasks.client.client import DurableClient
 
 __all__ = ["answer", "pending"]
 

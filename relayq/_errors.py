@@ -48,15 +48,15 @@
     │   │                    (store.errors: `.address` without a password, `.retry_after`)
     │   └── StoreBusy            SQLite's lock was taken that instant; nothing was done
     ├── IllegalTransition    a run cannot make that status change (store.transitions)
-    ├── TurnFailed           a run failed in this turn; the error is stored (tasks.turns)
+    ├── TurnFailed           a run failed in this turn; the error is stored (tasks.runner.turn.task)
     ├── OutOfTime            a turn's time limit passed; names the tool calls still running
-    │                        (a TimeoutError too: tasks.turn_failed)
+    │                        (a TimeoutError too: tasks.runner.turn.failed)
     ├── ProcessDied          the process running a turn alone ended before it answered
-    │                        (tasks.alone)
+    │                        (tasks.runner.alone)
     ├── AloneError           a turn run alone met an error its process reports by type
-    │                        (tasks.alone)
+    │                        (tasks.runner.alone)
     ├── BadHook              not a RunHooks, or a hook name that does not load (tasks.hooks)
-    ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.host.client)
+    ├── WaitTimeout          a host waited longer than its timeout for a run (tasks.client.client)
     ├── HostRefused          the API refused a relay host for good: a bad token, a tool it
     │                        may not serve (relayq.hosts)
     ├── MCPError             an MCP server cannot be reached, listed or called: `.server`

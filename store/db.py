@@ -59,7 +59,7 @@ _impatient: ContextVar[bool] = ContextVar("relayq_impatient", default=False)
 def impatient() -> Iterator[None]:
     """While open, the first write transaction on SQLite takes the lock only if no other
     process holds it now, else fails at once with StoreBusy (nothing done): a caller on an
-    event loop then waits for it elsewhere (`tasks.runtime.Runtime.io`) instead of blocking
+    event loop then waits for it elsewhere (`tasks.runner.runtime.Runtime.io`) instead of blocking
     the loop. This process's own writers are waited for (`store.sqlite_writes`): each
     holds the lock for one short transaction.
 

@@ -339,7 +339,7 @@ def offered(
     db: Database, tools: Collection[str] | None, *, now: datetime | None = None
 ) -> dict[str, int]:
     """How many calls of each of `tools` (None: any tool) a host may lease now, in one
-    read: what the API's lease waits are woken by (`tasks.host.offers`)."""
+    read: what the API's lease waits are woken by (`tasks.client.offers`)."""
     with db.connect() as conn:
         found = conn.execute(_COUNTS[tools is not None], _params(tools, now or utcnow()))
         return {name: int(count) for name, count in found}

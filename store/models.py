@@ -101,7 +101,7 @@ class RunRow(SQLModel, table=True):
     resets it."""
     suspect: bool = False
     """Its worker died holding it beside other turns: which of them killed it is not
-    known, so its next turns run alone until one ends (`tasks.alone`)."""
+    known, so its next turns run alone until one ends (`tasks.runner.alone`)."""
     started_by: str | None = None
     """The identity that started the run (an API token's name, `cli:<os user>`), if known."""
     batch_id: str | None = Field(default=None, index=True)

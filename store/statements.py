@@ -69,7 +69,7 @@ BATCH_BUDGET = (
 # The claimant's process runs the turn alone (its death is the turn's: `died_holding`) when
 # it runs one turn at a time (`alone`, a prefork child), or when the run is suspect and the
 # claimant cannot run it apart: a worker that can (`apart`) runs it in a child process of
-# its own (`tasks.alone`), and counts that child's death itself (`requeue_turn`).
+# its own (`tasks.runner.alone`), and counts that child's death itself (`requeue_turn`).
 HELD_ALONE = or_(
     bindparam("alone", type_=Boolean),
     and_(RUNS.c.suspect, not_(bindparam("apart", type_=Boolean))),

@@ -173,6 +173,6 @@ def died_holding(run: RunRow) -> dict[str, Any]:
     """For `move(..., **died_holding(run))`: the run's worker died holding it. A death is
     counted against the turn (`RELAYQ_CRASH_LIMIT`) only when the turn had its process to
     itself; a process that ran other turns too may have died of any of them, so each of
-    those turns is marked `suspect` instead, and runs alone next (`tasks.alone`), where
+    those turns is marked `suspect` instead, and runs alone next (`tasks.runner.alone`), where
     a death tells."""
     return {"crashes": ONE_MORE_CRASH if run.held_alone else run.crashes, "suspect": True}

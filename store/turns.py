@@ -368,7 +368,7 @@ def requeue_turn(
 ) -> OutboxRow:
     """Give the run back to `queue` to wait for its provider: `retry_turn` without a failed
     try counted or an error stored. `died`: the child process that ran the turn alone died
-    (`tasks.alone`): the death is the turn's, counted."""
+    (`tasks.runner.alone`): the death is the turn's, counted."""
     with db.write() as s:
         run = _hold(s, claim)
         deaths = {"crashes": ONE_MORE_CRASH, "suspect": True} if died else {}

@@ -1,5 +1,5 @@
 """One delivery of a turn's task: the task it came in (`TaskRef`) and what it did
-(`Outcome`). Apart from `tasks.turns`, so that what watches a delivery
+(`Outcome`). Apart from `tasks.runner.turn.task`, so that what watches a delivery
 (`tasks.observability.metrics`, `tasks.observability.tracing`) needs nothing of the turn's
 driver."""
 
@@ -55,7 +55,7 @@ class Outcome:
 
     def wire(self) -> dict[str, Any]:
         """This outcome as JSON, for the worker whose child process took the turn
-        (`tasks.alone`); the turn itself stays behind (its hooks have heard of it)."""
+        (`tasks.runner.alone`); the turn itself stays behind (its hooks have heard of it)."""
         resend = self.resend.model_dump(mode="json") if self.resend is not None else None
         return {
             "kind": self.kind.value,

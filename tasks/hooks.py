@@ -268,7 +268,7 @@ class RunHooks:
     """The base of every hook: each method does nothing until a subclass overrides it.
 
     An `async def` method is awaited on the worker's loop; a plain `def` one runs on a
-    thread (the loop's default executor: `tasks.tool_threads`), so a hook that blocks
+    thread (the loop's default executor: `tasks.runner.tool_threads`), so a hook that blocks
     never stalls the turns beside it. relayq's own hooks, quick and written for the
     loop, set `on_loop` and are called on it.
     """

@@ -65,12 +65,7 @@ from tasks.setting_fields import (
     text,
     worker_batches,
 )
-from tasks.webhooks.endpoints import (
-    DEFAULT_PUBLIC_URL,
-    Endpoint,
-    parse_public_url,
-    parse_webhooks,
-)
+from tasks.webhooks.endpoints import Endpoint, WebhookSettings, parse_webhooks
 
 __all__ = [
     "CONF_PREFIX",
@@ -130,7 +125,7 @@ class TurnSettings:
     """Deaths of a process running the turn alone at which its run fails: a turn that kills
     its worker every time must not take workers down forever. A worker that dies running
     other turns too (a deploy, the OOM killer, another turn's tool) counts no death
-    against any of them: they run alone next, where a death tells (`tasks.alone`)."""
+    against any of them: they run alone next, where a death tells (`tasks.runner.alone`)."""
     retry_base: timedelta = option("retry_base", default=timedelta(seconds=1))
     """The first retry's backoff; it doubles, up to `MAX_COUNTDOWN`."""
 
@@ -145,7 +140,7 @@ class RecoverySettings:
     sweep_every: timedelta = option("sweep_every", default=timedelta(seconds=5))
     loop_stall: timedelta = option("loop_stall", default=timedelta(seconds=5))
     """A worker's event loop that has not turned for this long is stalled: its heartbeat
-    stops, and other workers take its runs (`tasks.loopwatch`)."""
+    stops, and other workers take its runs (`tasks.runner.loopwatch`)."""
     loop_stall_exit: timedelta = option("loop_stall_exit", default=timedelta(seconds=30))
     """Stalled this long, the worker process ends (exit 70), for its supervisor to start anew."""
     redeliver_after: timedelta = option("redeliver_after", default=timedelta(seconds=10))
@@ -198,9 +193,9 @@ class WorkerSettings:
     retires: it finishes what it holds and ends, for its supervisor to start a new one."""
     alone_processes: int = option("alone_processes", parse=count(1), default=2)
     """Processes an asyncio worker starts, at most, to run suspect turns alone, one each
-    at a time (`tasks.alone`): the turns its dead predecessor held beside others."""
+    at a time (`tasks.runner.alone`): the turns its dead predecessor held beside others."""
     max_memory: int | None = option("worker_max_memory", parse=memory, default=None, shown="off")
-    """A worker over this much resident memory retires (`tasks.memory`); a prefork
+    """A worker over this much resident memory retires (`tasks.runner.memory`); a prefork
     worker's children are bounded by it instead (Celery's `worker_max_memory_per_child`)."""
     task_events: bool = option("task_events", default=False)
     """Send Celery task events from the start (Flower turns them on anyway while it runs)."""
@@ -213,29 +208,6 @@ class WorkerSettings:
     batch_poll: timedelta = option("batch_poll", default=timedelta(seconds=2))
     """Between a worker's looks at the store for the batch queues to consume: a batch's
     first turn may wait that long for a worker."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class WebhookSettings:
-    """Where events are delivered (`tasks.webhooks`), and how hard each is tried."""
-
-    endpoints: tuple[Endpoint, ...] = option("webhooks", parse=None, default=())
-    """The endpoints; their repr shows no URL or secret."""
-    public_url: str = option("public_url", parse=parse_public_url, default=DEFAULT_PUBLIC_URL)
-    """Where people reach the API and its inbox: the base of the links webhooks carry."""
-    attempts: int = option("webhook_attempts", parse=count(1), default=40)
-    """Attempts of one delivery before it is given up (`failed`)."""
-    retry_base: timedelta = option("webhook_retry_base", default=timedelta(seconds=1))
-    """Before a failed delivery's second attempt; doubles, up to an hour."""
-    timeout: timedelta = option("webhook_timeout", default=timedelta(seconds=10))
-    """What one attempt may take, from connecting to the reply's status."""
-    concurrency: int = option("webhook_concurrency", parse=count(1), default=16)
-    """Webhook requests in flight at once, per worker process."""
-    retention: timedelta | None = option(
-        "webhook_retention", parse=age, default=timedelta(days=7), shown="7d"
-    )
-    """Events older than this, with every delivery of theirs delivered or given up, are
-    removed by the sweeps with their deliveries and attempts; None keeps them."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,15 +9,15 @@ finished.
 
 Celery's own tracer runs each task, in a greenlet of the consumer's thread
 (Celery keeps each greenlet's task request apart, as under its gevent pool).
-A body that waits for its coroutine (`tasks.turns.run_turn`) defers it
-(`tasks.runtime.defer`) and sleeps in its greenlet; the pool wakes it with the
+A body that waits for its coroutine (`tasks.runner.turn.task.run_turn`) defers it
+(`tasks.runner.loop.defer`) and sleeps in its greenlet; the pool wakes it with the
 coroutine's result, or raises the coroutine's exception there, when the
 coroutine ends. So the tracer sees what the turn really did: `task_prerun`
 before it, `task_success` with its result and runtime, `task_failure` with its
 exception, `task_retry` for a retry, then `task_postrun`; and the pool hands
 Celery the tracer's outcome, from which Celery's request sends the task events
 and acknowledges the message, as under prefork. Every relayq task waits so
-(`tasks.runtime.Runtime.wait`). A body that only defers and returns is
+(`tasks.runner.loop.LoopThread.wait`). A body that only defers and returns is
 reported done when its coroutine ends, but Celery's signals fire when the body
 returns.
 
@@ -60,9 +60,11 @@ from celery.utils.threads import LocalStack
 from celery.worker import state as worker_state
 from greenlet import greenlet  # type: ignore[import-untyped]
 
-from tasks.alone import AloneProcesses
-from tasks.memory import MemoryBound
-from tasks.runtime import EXIT_RETIRED, Runtime, deferring
+from tasks.runner.alone import AloneProcesses
+from tasks.runner.loop import deferring
+from tasks.runner.memory import MemoryBound
+from tasks.runner.process import current_runtime
+from tasks.runner.runtime import EXIT_RETIRED
 
 __all__ = ["AsyncioPool", "requests_kept_apart"]
 
@@ -136,7 +138,7 @@ class AsyncioPool(BasePool):
                 "unset USE_FAST_LOCALS"
             )
         # The runtime owns the loop (and sizes its I/O threads to the store).
-        rt = Runtime.current()
+        rt = current_runtime()
         self._loop = rt.loop
         # Turns share this process: a suspect one runs in a process of its own.
         rt.alone = AloneProcesses(
@@ -172,7 +174,7 @@ class AsyncioPool(BasePool):
             self._report()
             time.sleep(0.05)
         self._report()
-        rt = Runtime.current()
+        rt = current_runtime()
         if rt.alone is not None:
             with contextlib.suppress(Exception):
                 rt.loop.run(rt.alone.close(), timeout=10)

@@ -1,7 +1,7 @@
 """`python -m workers.alone`: a process an asyncio worker starts to run suspect turns alone.
 
-Started and fed by its worker (`tasks.alone.AloneProcesses`), never by hand: each line on
-its stdin is a turn its worker has claimed (`tasks.turns.turn_alone`), and each line it
+Started and fed by its worker (`tasks.runner.alone.AloneProcesses`), never by hand: each line on
+its stdin is a turn its worker has claimed (`tasks.runner.turn.task.turn_alone`), and each line it
 writes back is what came of that turn. It sends the turn's next messages itself, as the
 worker would, and keeps no heartbeat: the claim is its worker's.
 
@@ -16,9 +16,9 @@ import contextlib
 import logging
 import sys
 
-from tasks.alone import serve
-from tasks.runtime import Runtime
-from tasks.turns import turn_alone
+from tasks.runner.alone import serve
+from tasks.runner.runtime import Runtime
+from tasks.runner.turn.task import turn_alone
 from workers.app import app, settings
 
 OOM_SCORE_ADJ = 500
@@ -37,7 +37,8 @@ def main() -> None:
     )
     rt = Runtime.of_app(app)
     rt.app = app
-    rt.watch_loop(exit_after=settings.recovery.loop_stall.total_seconds())
+    stall = settings.recovery.loop_stall.total_seconds()
+    rt.loop.start_watch(stall=stall, exit_after=stall)
     serve(
         lambda job: rt.loop.run(turn_alone(rt, job)),
         retiring=lambda: rt.retiring is not None,

@@ -70,7 +70,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_max_retries": None,
         # ... and survives releasing the connection it lost (see `workers.app.Consumer`).
         "worker_consumer": "workers.app:Consumer",
-        "imports": ("tasks.turns", "tasks.answers", "tasks.maintenance"),
+        "imports": (
+            "tasks.runner.turn.task",
+            "tasks.runner.turn.answers",
+            "tasks.runner.maintenance",
+        ),
         # Hooks of the worker's runtime besides relayq's own (`tasks.hooks`): the turns'
         # progress events for Flower. (RELAYQ_HOOKS adds the user's.)
         "relayq_worker_hooks": ("workers.events:FlowerProgress",),
@@ -88,6 +92,6 @@ def _pool(settings: Settings) -> dict[str, Any]:
     pool = {"worker_pool": settings.worker.pool, "worker_concurrency": settings.worker.concurrency}
     if settings.worker.max_memory is not None and settings.worker.pool == "prefork":
         # Celery replaces a child over it once its task ends (KiB); the asyncio pool's
-        # one process retires instead (`tasks.memory`).
+        # one process retires instead (`tasks.runner.memory`).
         pool["worker_max_memory_per_child"] = settings.worker.max_memory // 1024
     return pool

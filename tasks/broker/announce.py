@@ -4,7 +4,7 @@ A worker's turn, answer or cancel commits a run's new state to the store; then
 its runtime's hooks hear of it (`tasks.hooks`), and `RunAnnouncer`, one of a
 worker's hooks, publishes the run's id on a Redis pub/sub channel named with
 the settings' key prefix, `<prefix>runs`; a waiting `DurableClient`
-(`tasks.host.waiting`) is subscribed there and reads the run's status from the store.
+(`tasks.client.waiting`) is subscribed there and reads the run's status from the store.
 An announcement carries ids only (space-separated in one message), never a
 prompt, a result or a secret: the store is the only source of truth, and
 whoever reads the channel learns only that a run moved.

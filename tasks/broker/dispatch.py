@@ -2,7 +2,7 @@
 
 A worker's runtime and a host's `DurableClient` hand every outbox row to one
 `Dispatch`: `await dispatch(rows)`. `BrokerDispatch` sends them to the broker and
-marks them sent; `tasks.host.eager.EagerDispatch` runs them in this process instead.
+marks them sent; `tasks.client.eager.EagerDispatch` runs them in this process instead.
 
 Sending blocks (the broker's socket, and its retries when the broker is away), so
 it runs on a thread of its own, never behind the store's calls. Each hand-off

@@ -54,7 +54,7 @@ def priority_of(row: OutboxRow) -> int | None:
     its runs already started before those not started; None, the default (0), for every
     other queue.
 
-    A turn re-sent as a retry of its task (`tasks.turn_waits.resend`) keeps the priority its
+    A turn re-sent as a retry of its task (`tasks.runner.turn.waits.resend`) keeps the priority its
     message came with: Celery copies it from the delivery.
     """
     if not is_batch_queue(row.queue):

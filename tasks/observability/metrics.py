@@ -21,10 +21,10 @@ hold (runs, open requests, queue depths) is read when the API is scraped instead
 | `relayq_provider_circuit_changes_total` | provider, model, state | circuit changes seen here |
 | `relayq_store_call_wait_seconds` | store | the oldest store call in flight's wait (PostgreSQL) |
 | `relayq_broker_unheard_seconds` | broker | since the worker's consumer last heard its broker |
-| `relayq_loop_stalls_total` | | the worker's event loop stalled (`tasks.loopwatch`) |
+| `relayq_loop_stalls_total` | | the worker's event loop stalled (`tasks.runner.loopwatch`) |
 | `relayq_loop_stall_seconds` | | a stall's length, once it ended (or ended the process) |
 | `relayq_tool_threads_abandoned_total` | | sync tool calls given up on while their thread ran on |
-| `relayq_tool_threads_stuck` | | such threads still running (`tasks.tool_threads`) |
+| `relayq_tool_threads_stuck` | | such threads still running (`tasks.runner.tool_threads`) |
 
 A provider is named by its endpoint's host (`api.openai.com`), as the provider
 limiter's labels (`host/model`) name it, never by its key, port or path; a model
@@ -180,7 +180,7 @@ def observe_broker_unheard(seconds: float, *, broker: str) -> None:
 
 LOOP_STALLS = Counter(
     "relayq_loop_stalls_total",
-    "Times the worker's event loop did not turn for RELAYQ_LOOP_STALL (tasks.loopwatch)",
+    "Times the worker's event loop did not turn for RELAYQ_LOOP_STALL (tasks.runner.loopwatch)",
 )
 LOOP_STALL_SECONDS = Histogram(
     "relayq_loop_stall_seconds",
@@ -190,7 +190,8 @@ LOOP_STALL_SECONDS = Histogram(
 
 
 def count_loop_stall() -> None:
-    """A stall declared (`tasks.loopwatch`): counted at once, so a scrape sees it meanwhile."""
+    """A stall declared (`tasks.runner.loopwatch`): counted at once, so a scrape sees it
+    meanwhile."""
     LOOP_STALLS.inc()
 
 
@@ -205,7 +206,7 @@ TOOL_THREADS_ABANDONED = Counter(
 )
 TOOL_THREADS_STUCK = Gauge(
     "relayq_tool_threads_stuck",
-    "Threads of given-up sync tool calls still running (tasks.tool_threads)",
+    "Threads of given-up sync tool calls still running (tasks.runner.tool_threads)",
     multiprocess_mode="livesum",
 )
 

@@ -1,4 +1,5 @@
-"""Webhook endpoints as configured (`RELAYQ_WEBHOOKS`, `RELAYQ_PUBLIC_URL`): parsed and
+"""Webhook endpoints as configured (`RELAYQ_WEBHOOKS`, `RELAYQ_PUBLIC_URL`), and how hard
+each delivery is tried (`WebhookSettings`, a part of `tasks.settings.Settings`): parsed and
 checked with the settings, before anything is sent (`tasks.webhooks.sender` sends)."""
 
 from __future__ import annotations
@@ -7,13 +8,22 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from store.events import EVENT_TYPES
 from store.webhooks import Subscription
+from tasks.setting_fields import age, count, option
 
-__all__ = ["DEFAULT_PUBLIC_URL", "Endpoint", "Format", "parse_public_url", "parse_webhooks"]
+__all__ = [
+    "DEFAULT_PUBLIC_URL",
+    "Endpoint",
+    "Format",
+    "WebhookSettings",
+    "parse_public_url",
+    "parse_webhooks",
+]
 
 DEFAULT_PUBLIC_URL = "http://127.0.0.1:8000"
 
@@ -132,3 +142,26 @@ def _events(where: str, events: Any) -> frozenset[str] | None:
             f"{where}: unknown event type {unknown[0]!r}; known: {', '.join(EVENT_TYPES)}"
         )
     return frozenset(events)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookSettings:
+    """Where events are delivered (`tasks.webhooks`), and how hard each is tried."""
+
+    endpoints: tuple[Endpoint, ...] = option("webhooks", parse=None, default=())
+    """The endpoints; their repr shows no URL or secret."""
+    public_url: str = option("public_url", parse=parse_public_url, default=DEFAULT_PUBLIC_URL)
+    """Where people reach the API and its inbox: the base of the links webhooks carry."""
+    attempts: int = option("webhook_attempts", parse=count(1), default=40)
+    """Attempts of one delivery before it is given up (`failed`)."""
+    retry_base: timedelta = option("webhook_retry_base", default=timedelta(seconds=1))
+    """Before a failed delivery's second attempt; doubles, up to an hour."""
+    timeout: timedelta = option("webhook_timeout", default=timedelta(seconds=10))
+    """What one attempt may take, from connecting to the reply's status."""
+    concurrency: int = option("webhook_concurrency", parse=count(1), default=16)
+    """Webhook requests in flight at once, per worker process."""
+    retention: timedelta | None = option(
+        "webhook_retention", parse=age, default=timedelta(days=7), shown="7d"
+    )
+    """Events older than this, with every delivery of theirs delivered or given up, are
+    removed by the sweeps with their deliveries and attempts; None keeps them."""

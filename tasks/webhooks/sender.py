@@ -50,14 +50,13 @@ from tasks.storeio import StoreCalls
 from tasks.webhooks.endpoints import (
     DEFAULT_PUBLIC_URL,
     Endpoint,
+    WebhookSettings,
     parse_public_url,
     parse_webhooks,
 )
 
 if TYPE_CHECKING:
     import httpx
-
-    from tasks.settings import Settings
 
 __all__ = [
     "DEFAULT_PUBLIC_URL",
@@ -245,9 +244,8 @@ class WebhookSender:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, db: Database, *, io: Io | None = None
+        cls, hooks: WebhookSettings, db: Database, *, io: Io | None = None
     ) -> WebhookSender:
-        hooks = settings.webhooks
         return cls(
             db,
             hooks.endpoints,

@@ -15,9 +15,12 @@ from .conftest import ROOT, Eventually, SpareWorkers
 
 def test_the_tasks_are_routed_by_the_config_alone_with_no_deprecated_task_attribute():
     # A task's own `queue=` is deprecated: Celery 5.7 warns as the task binds to an app,
-    # wherever that happens first (a test's lane met it importing tasks.host.eager). A fresh
+    # wherever that happens first (a test's lane met it importing tasks.client.eager). A fresh
     # process binds every task, with Celery's deprecation warnings as errors.
-    modules = ", ".join(f"tasks.{m}" for m in ("turns", "answers", "maintenance", "host.eager"))
+    modules = ", ".join(
+        f"tasks.{m}"
+        for m in ("runner.turn.task", "runner.turn.answers", "runner.maintenance", "client.eager")
+    )
     bind = (
         "import warnings; from celery.exceptions import CDeprecationWarning; "
         "warnings.simplefilter('error', CDeprecationWarning); "

@@ -15,7 +15,8 @@ import kombu
 import pytest
 
 import tasks.broker.publish
-import tasks.runtime
+import tasks.runner.housekeeping
+import tasks.runner.runtime
 from relayq import Agent, Answer, InProcessRequest, InProcessResponse, Request, RunResult
 from relayq.relay import RelayResult, is_relay_request, relay_answer, relay_calls_of
 from tasks import DurableClient, Settings
@@ -127,8 +128,8 @@ async def test_an_eager_client_builds_no_celery_app_and_opens_no_broker_connecti
 
     monkeypatch.setattr(kombu.Connection, "__init__", refuse)
     monkeypatch.setattr(tasks.broker.publish, "sender_app", refuse)
-    monkeypatch.setattr(tasks.runtime, "QueuePeek", refuse)
-    monkeypatch.setattr(tasks.runtime.Runtime, "sender", property(refuse))
+    monkeypatch.setattr(tasks.runner.housekeeping, "QueuePeek", refuse)
+    monkeypatch.setattr(tasks.runner.runtime.Runtime, "sender", property(refuse))
 
     # When a run goes through a relay request and its answer
     client = DurableClient(eager=True, settings=eager_settings)

@@ -78,7 +78,7 @@ async def test_a_hosts_announcements_come_back_after_the_broker_went_silent(
     hung: Hung, eventually: Eventually, caplog: pytest.LogCaptureFixture
 ):
     # Given a client subscribed to the run announcements through the proxy
-    caplog.set_level(logging.INFO, logger="tasks.host.waiting")
+    caplog.set_level(logging.INFO, logger="tasks.client.waiting")
     async with DurableClient(settings=hung.settings) as client:
         waiter = client._waiter_here()
         await eventually(lambda: waiter.subscription is not None, what="the first subscription")

@@ -1,7 +1,7 @@
 """Issue 51: a worker outlives its tools. A sync tool that never returns costs one thread
-(`tasks.tool_threads`), never the store's threads or the runs beside it; a worker with
+(`tasks.runner.tool_threads`), never the store's threads or the runs beside it; a worker with
 too many such threads retires (`Runtime.retire`) and hands its runs on; a tool that kills
-its process fails its own run, alone (`tasks.alone`), and no run beside it."""
+its process fails its own run, alone (`tasks.runner.alone`), and no run beside it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from store import get_run
 from tasks import DurableClient
-from tasks.runtime import EXIT_RETIRED
+from tasks.runner.runtime import EXIT_RETIRED
 
 from . import poison_agents  # noqa: F401  (the host knows the poison agents)
 from .conftest import Durable, Eventually, SpareWorkers, poll

@@ -29,7 +29,7 @@ from store import Database, OutboxRow, cancel_run
 from tasks import DurableClient, Settings, WaitTimeout
 from tasks.broker.announce import channel_of
 from tasks.broker.redis_clients import close_redis
-from tasks.host.client import Waiting
+from tasks.client.client import Waiting
 from tests.brokers import PrivateRedis
 from tests.store.driver import statements
 

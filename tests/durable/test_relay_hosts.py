@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from api._inbox_views import when
-from tasks.host import offers
+from tasks.client import offers
 
 from .conftest import APPROVER, SUBMITTER, TOKENS, VIEWER, ApiServer, Durable, Eventually, serve_api
 from .test_api import log_in, settled_run

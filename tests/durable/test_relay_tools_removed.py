@@ -12,8 +12,8 @@ from relayq.relay import answer_output
 from store import accept_answer, apply_answer_of, get_run
 from store.outbox import mark_published
 from tasks import DurableClient
-from tasks.runtime import Runtime
-from tasks.turns import TurnFailed, drive_turn
+from tasks.runner.runtime import Runtime
+from tasks.runner.turn.task import TurnFailed, drive_turn
 from tests.durable.agents import lookup_model
 
 from .conftest import Durable

@@ -21,7 +21,7 @@ from store.models import utcnow
 from store.outbox import mark_published
 from tasks import DurableClient
 from tasks.broker.publish import publish
-from tasks.loopwatch import EXIT_STALLED
+from tasks.runner.loopwatch import EXIT_STALLED
 
 from . import store_outage_agents  # noqa: F401  (the host knows the stall agent)
 from .conftest import SQLITE_ONLY, Durable, Eventually, SpareWorkers

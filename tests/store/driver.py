@@ -1,5 +1,5 @@
-"""The worker's own turn driver and journal (`tasks.turns`, `tasks.journal`) on the store,
-with no broker.
+"""The worker's own turn driver and journal (`tasks.runner.turn.task`,
+`tasks.runner.turn.journal`) on the store, with no broker.
 
 `run_turn` takes one stored turn through `drive_turn` (claim, the turn
 journaled by `StoreJournal`, finish) with real toolkits and scripted models;
@@ -45,10 +45,10 @@ from store import (
     get_run,
 )
 from store.outbox import ANSWER_TASK, TURN_TASK
-from tasks.journal import StoreJournal
-from tasks.runtime import Runtime
+from tasks.runner.runtime import Runtime
+from tasks.runner.turn.journal import StoreJournal
+from tasks.runner.turn.task import drive_turn
 from tasks.settings import Settings
-from tasks.turns import drive_turn
 from tests.relayq.scripted import Script, call, text
 
 __all__ = [
@@ -149,7 +149,7 @@ async def run_turn(
     request_ttl: timedelta | None = None,
     on_expiry: OnExpiry = "error",
 ) -> Turn:
-    """Take one turn of the queued run as a worker takes it (`tasks.turns.drive_turn`),
+    """Take one turn of the queued run as a worker takes it (`tasks.runner.turn.task.drive_turn`),
     with `toolkit`'s tools and `model` as its agent's."""
     agent = Agent(
         get_run(db, run_id).agent,

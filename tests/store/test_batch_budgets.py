@@ -27,7 +27,7 @@ from store import (
 from store.budgets import budget_gate
 from store.models import RequestRow
 from store.turns import claim_turn
-from tasks.turns import drive_turn
+from tasks.runner.turn.task import drive_turn
 
 from .driver import local_kit, model_of, runtime, statements
 

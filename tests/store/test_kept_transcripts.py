@@ -10,8 +10,8 @@ from sqlalchemy import event
 from relayq import Agent
 from relayq.relay import RelayResult, relay_answer
 from store import Database, accept_answer, apply_answer_of, get_run, transcript
-from tasks.transcripts import Transcripts
-from tasks.turns import drive_turn
+from tasks.runner.transcripts import Transcripts
+from tasks.runner.turn.task import drive_turn
 from tests.relayq.scripted import calls, text
 
 from .driver import local_kit, model_of, relay_kit, relay_turn, runtime, start, statements

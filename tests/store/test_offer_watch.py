@@ -1,4 +1,4 @@
-"""Lease waits woken by one look for all of them (`tasks.host.offers`), on the store:
+"""Lease waits woken by one look for all of them (`tasks.client.offers`), on the store:
 a thousand idle waits cost one read a round, a new call wakes one wait of its tool, and
 a wait ends at its bound."""
 
@@ -11,7 +11,7 @@ import time
 from sqlalchemy import event
 
 from store import Database
-from tasks.host.offers import OfferWatch
+from tasks.client.offers import OfferWatch
 from tasks.storeio import StoreCalls
 
 from .driver import halt_on_relay

@@ -23,8 +23,8 @@ from bench.hanging_proxy import HangingProxy
 from store import Database, StoreUnavailable, WorkerRow
 from store.db import Bounds
 from store.stalls import PING_AFTER_IDLE, StallWatch
-from tasks.heartbeat import Heartbeat
 from tasks.observability.metrics import observe_store_calls
+from tasks.runner.heartbeat import Heartbeat
 from tests.waiting import until
 
 pytestmark = pytest.mark.postgres

@@ -26,7 +26,7 @@ from store import (
     transcript,
 )
 from store.db import SQLITE_PAGE_SIZE
-from tasks.turns import drive_turn
+from tasks.runner.turn.task import drive_turn
 from tests.relayq.scripted import calls, text
 
 from .driver import (

@@ -115,8 +115,8 @@ def test_the_worker_reads_a_config_module_named_the_celery_way(tmp_path):
     code = (
         "import json\n"
         "from workers.app import app, settings\n"
-        "from tasks.runtime import Runtime\n"
-        "rt = Runtime.current(app)\n"
+        "from tasks.runner.process import current_runtime\n"
+        "rt = current_runtime(app)\n"
         "limit = settings.turns.time_limit.total_seconds()\n"
         "print(json.dumps([settings.database_url, limit, settings.key_prefix,\n"
         "    app.conf.task_soft_time_limit, rt.settings.database_url, rt.settings.key_prefix]))\n"
@@ -197,13 +197,14 @@ def test_a_worker_declares_the_queues_its_q_option_names(tmp_path):
 
 
 def test_the_sweeper_reads_the_backlog_of_its_agents_queues_too(tmp_path):
-    from tasks.runtime import Runtime
+    from tasks.runner.housekeeping import peeked_queues
+    from tasks.runner.runtime import Runtime
 
     vip = agent(queue="relayq.turns.vip")
     settings = Settings.from_env({"RELAYQ_HOME": str(tmp_path)})
     rt = Runtime(settings, agents={vip.name: vip, "plain": agent()})
     try:
-        assert rt.peeked_queues() == ("relayq.turns", "relayq.answers", "relayq.turns.vip")
+        assert peeked_queues(rt) == ("relayq.turns", "relayq.answers", "relayq.turns.vip")
     finally:
         rt.db.dispose()
 

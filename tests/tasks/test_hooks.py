@@ -138,8 +138,9 @@ def test_a_worker_refuses_an_agent_whose_hook_is_not_one():
 
 
 TASK_BODIES = (
-    "turns", "turn_budgets", "turn_failed", "turn_hooks", "turn_waits", "journal",
-    "answers", "maintenance", "host/eager",
+    "runner/turn/task", "runner/turn/budgets", "runner/turn/failed", "runner/turn/hooks",
+    "runner/turn/waits", "runner/turn/journal", "runner/turn/answers", "runner/maintenance",
+    "client/eager",
 )  # fmt: skip
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from relayq.retry import backoff
 from tasks import Settings
-from tasks.memory import MemoryBound, MiB, rss_bytes
+from tasks.runner.memory import MemoryBound, MiB, rss_bytes
 from tasks.settings import MAX_COUNTDOWN
 from workers.config import celery_config
 

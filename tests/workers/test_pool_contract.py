@@ -17,8 +17,8 @@ fails when Celery changes what the pool counts on:
   again (the tracer sent it);
 - `Request.cancel` calls `terminate(signal)` on what `apply_async` returned.
 
-The contract between the pool and a body (`tasks.runtime.Runtime.wait`): the body
-defers its coroutine (`tasks.runtime.defer`), then switches to its greenlet's
+The contract between the pool and a body (`tasks.runner.loop.LoopThread.wait`): the body
+defers its coroutine (`tasks.runner.loop.defer`), then switches to its greenlet's
 parent; it wakes with the coroutine's result, or with its exception raised.
 """
 
@@ -39,12 +39,12 @@ from celery.signals import task_failure, task_postrun, task_prerun, task_retry, 
 from celery.worker.request import Request, create_request_cls
 from greenlet import getcurrent  # type: ignore[import-untyped]
 
-from tasks.runtime import LoopThread, defer
+from tasks.runner.loop import LoopThread, defer
 from workers.aio import AsyncioPool, requests_kept_apart
 
 
 def _wait(work: Coroutine[Any, Any, Any]) -> Any:
-    """A body's side of the contract (as `tasks.runtime.Runtime.wait` under the pool)."""
+    """A body's side of the contract (as `tasks.runner.loop.LoopThread.wait` under the pool)."""
     assert defer(work), "the pool defers"
     return getcurrent().parent.switch()
 
