@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from relayq._errors import ModelError
+from relayq.hooking import Emitter, HookEvent
 from relayq.model import InProcessRequest, InProcessResponse, Model
 from relayq.ratelimit import ProviderLimits
 from relayq.retry import MAX_DELAY
@@ -51,6 +52,7 @@ __all__ = [
     # hooks
     "CircuitChange",
     "CircuitHooks",
+    "circuit_hooks",
 ]
 
 log = logging.getLogger(__name__)
@@ -171,8 +173,22 @@ class Ticket:
 # -- hooks ------------------------------------------------------------------------------------
 
 
+class CircuitHooks:
+    """Told of every change of a circuit; a no-op here. A failing hook is logged and skipped."""
+
+    def after_change(self, event: CircuitChange) -> None:
+        """A circuit opened, is probed, or closed."""
+
+
+def circuit_hooks(hooks: Iterable[CircuitHooks] = ()) -> Emitter[CircuitHooks]:
+    """An emitter of circuit changes, to `hooks` (`relayq.hooking`)."""
+    return Emitter(
+        hooks, base=CircuitHooks, failure="a circuit hook failed in %(method)s (%(error)s)"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
-class CircuitChange:
+class CircuitChange(HookEvent, hook=CircuitHooks.after_change):
     """A provider's circuit changed, as this process saw it."""
 
     provider: str
@@ -192,22 +208,16 @@ class CircuitChange:
     """`open` again because this process's probe failed (it was open already)."""
 
 
-class CircuitHooks:
-    """Told of every change of a circuit; a no-op here. A failing hook is logged and skipped."""
-
-    def after_change(self, event: CircuitChange) -> None:
-        """A circuit opened, is probed, or closed."""
-
-
 # -- the circuit ------------------------------------------------------------------------------
 
 
 class Circuit:
     """Whether a provider's calls may go. This base is always closed: every error stands."""
 
-    def __init__(self, hooks: Sequence[CircuitHooks] = ()) -> None:
-        self.hooks = hooks
-        """Told of changes, in order; a list given here may grow later."""
+    def __init__(self, hooks: Iterable[CircuitHooks] | Emitter[CircuitHooks] = ()) -> None:
+        self.hooks = hooks if isinstance(hooks, Emitter) else circuit_hooks(hooks)
+        """Told of changes (`relayq.hooking`); an emitter given here, shared by several
+        circuits, may take more hooks later."""
 
     async def admit(self, limits: ProviderLimits) -> Ticket:
         """Leave to call the provider; ProviderDown while its circuit is open."""
@@ -237,13 +247,6 @@ class Circuit:
     async def still_waiting(self, key: str, run_id: str) -> bool:
         """Whether run `run_id` still waits for circuit `key` (False: it was woken)."""
         return False
-
-    def emit_change(self, event: CircuitChange) -> None:
-        for hook in self.hooks:
-            try:
-                hook.after_change(event)
-            except Exception:
-                log.exception("a circuit hook failed in after_change")
 
 
 class CircuitModel:

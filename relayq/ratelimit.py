@@ -29,13 +29,14 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 from urllib.parse import urlsplit
 
 from relayq._errors import ModelError, RelayqError
 from relayq._types import Usage
+from relayq.hooking import Emitter, HookEvent
 from relayq.model import InProcessRequest, InProcessResponse, Model
 from relayq.providers import ProviderConfig
 
@@ -58,6 +59,7 @@ __all__ = [
     "ProviderCounts",
     "ProviderRejected",
     "WaitReason",
+    "limiter_hooks",
 ]
 
 log = logging.getLogger(__name__)
@@ -176,8 +178,28 @@ class Permit:
 # -- hooks ------------------------------------------------------------------------------------
 
 
+class LimiterHooks:
+    """Told of every wait and rejection; a no-op here. A failing hook is logged and skipped."""
+
+    def after_wait(self, event: LimitWait) -> None:
+        """A call waited (in place, or by going back to its queue)."""
+
+    def after_rejected(self, event: ProviderRejected) -> None:
+        """The provider refused a call for load."""
+
+    def after_unavailable(self, event: LimiterUnavailable) -> None:
+        """The limiter's store failed; the call went unlimited."""
+
+
+def limiter_hooks(hooks: Iterable[LimiterHooks] = ()) -> Emitter[LimiterHooks]:
+    """An emitter of the limiter's events, to `hooks` (`relayq.hooking`)."""
+    return Emitter(
+        hooks, base=LimiterHooks, failure="a limiter hook failed in %(method)s (%(error)s)"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
-class LimitWait:
+class LimitWait(HookEvent, hook=LimiterHooks.after_wait):
     """A call waited for its provider, or was sent back to its queue to wait there."""
 
     provider: str
@@ -191,7 +213,7 @@ class LimitWait:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProviderRejected:
+class ProviderRejected(HookEvent, hook=LimiterHooks.after_rejected):
     """The provider answered 429 or 529."""
 
     provider: str
@@ -203,7 +225,7 @@ class ProviderRejected:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LimiterUnavailable:
+class LimiterUnavailable(HookEvent, hook=LimiterHooks.after_unavailable):
     """The limiter's store could not be reached: calls go unlimited until it answers again."""
 
     provider: str
@@ -211,19 +233,6 @@ class LimiterUnavailable:
     model: str = ""
     error: str
     """The error's type, nothing more (a message may hold an address)."""
-
-
-class LimiterHooks:
-    """Told of every wait and rejection; a no-op here. A failing hook is logged and skipped."""
-
-    def after_wait(self, event: LimitWait) -> None:
-        """A call waited (in place, or by going back to its queue)."""
-
-    def after_rejected(self, event: ProviderRejected) -> None:
-        """The provider refused a call for load."""
-
-    def after_unavailable(self, event: LimiterUnavailable) -> None:
-        """The limiter's store failed; the call went unlimited."""
 
 
 @dataclass
@@ -284,9 +293,10 @@ class LimitCounters(LimiterHooks):
 class Limiter:
     """Says when a limited call may go. This base lets every call go at once."""
 
-    def __init__(self, hooks: Sequence[LimiterHooks] = ()) -> None:
-        self.hooks = hooks
-        """Told of waits and rejections, in order; a list given here may grow later."""
+    def __init__(self, hooks: Iterable[LimiterHooks] | Emitter[LimiterHooks] = ()) -> None:
+        self.hooks = hooks if isinstance(hooks, Emitter) else limiter_hooks(hooks)
+        """Told of waits and rejections (`relayq.hooking`); an emitter given here, shared
+        by several limiters, may take more hooks later."""
 
     async def acquire(
         self, limits: ProviderLimits, *, prompt_tokens: int, max_wait: float
@@ -304,32 +314,9 @@ class Limiter:
     ) -> None:
         """The provider refused a call for load (429, 529); a limiter that shares limits
         pauses the provider for every caller for `retry_after` seconds."""
-        self.emit_rejected(
+        self.hooks.emit_now(
             ProviderRejected(**limits.names(), status=status, retry_after=retry_after)
         )
-
-    # -- telling the hooks --
-
-    def emit_wait(self, event: LimitWait) -> None:
-        for hook in self.hooks:
-            try:
-                hook.after_wait(event)
-            except Exception:
-                log.exception("a limiter hook failed in after_wait")
-
-    def emit_rejected(self, event: ProviderRejected) -> None:
-        for hook in self.hooks:
-            try:
-                hook.after_rejected(event)
-            except Exception:
-                log.exception("a limiter hook failed in after_rejected")
-
-    def emit_unavailable(self, event: LimiterUnavailable) -> None:
-        for hook in self.hooks:
-            try:
-                hook.after_unavailable(event)
-            except Exception:
-                log.exception("a limiter hook failed in after_unavailable")
 
 
 class LimitedModel:

@@ -59,7 +59,7 @@ from store.requests import (
     query_requests,
     request_of,
 )
-from store.runs import RunSpec, cancel_run, create_run, create_runs
+from store.runs import CancelAsked, RunSpec, cancel_run, create_run, create_runs
 from store.turns import (
     Charge,
     Claim,
@@ -91,6 +91,7 @@ __all__ = [
     "WorkerRow",
     # runs and turns
     "RunSpec",
+    "CancelAsked",
     "Charge",
     "Claim",
     "cancel_requested",

@@ -38,6 +38,7 @@ from store.transitions import move
 
 __all__ = [
     "CHUNK",
+    "CancelAsked",
     "RunSpec",
     "cancel_locked",
     "cancel_run",
@@ -271,7 +272,26 @@ def fail_locked(s: Session, run: RunRow, now: datetime, error: str) -> None:
     emit(s, "run.failed", run_id=run_id, now=now, agent=agent, status="failed", error=error)
 
 
-def cancel_run(db: Database, run_id: str) -> str:
+class CancelAsked(str):
+    """The run's status once asked to stop (`cancel_run`): `cancelled`, `running` (until
+    its next boundary), or the end it had reached before; and what the ask did."""
+
+    agent: str
+    settled: bool
+    """This ask ended the run (it was queued or waiting): the run settled here."""
+
+    def __new__(cls, status: str, *, agent: str, settled: bool) -> CancelAsked:
+        asked = super().__new__(cls, status)
+        asked.agent = agent
+        asked.settled = settled
+        return asked
+
+    @property
+    def status(self) -> str:
+        return str(self)
+
+
+def cancel_run(db: Database, run_id: str) -> CancelAsked:
     """Ask a run to stop. Queued and pending runs stop now; a running one at its next boundary."""
     now = utcnow()
     with db.write() as s:
@@ -279,9 +299,10 @@ def cancel_run(db: Database, run_id: str) -> str:
         if run is None:
             raise UnknownRun(run_id)
         if run.status in FINISHED:
-            return run.status
+            return CancelAsked(run.status, agent=run.agent, settled=False)
         run.cancel_requested = True
         run.updated_at = now
-        if run.status in ("queued", "pending"):
+        settled = run.status in ("queued", "pending")
+        if settled:
             cancel_locked(s, run, now)
-        return run.status
+        return CancelAsked(run.status, agent=run.agent, settled=settled)

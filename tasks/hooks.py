@@ -21,9 +21,7 @@ The events, their order and an example (tokens counted per tenant): docs/hooks.m
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import inspect
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from urllib.parse import urlsplit
 
 from relayq import RelayqError, Usage
 from relayq.agents import Agent
+from relayq.hooking import Emitter, HookEvent
 from relayq.providers import ProviderConfig
 
 if TYPE_CHECKING:
@@ -120,150 +119,6 @@ _SETTLED = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class TurnStarted:
-    """A turn was claimed and is about to run (its model call and tools)."""
-
-    run_id: str
-    agent: str
-    turn: int
-    """The turn's number in its run, from 1."""
-    attempt: int
-    """1, or more when earlier tries of this turn failed."""
-    task_id: str | None
-    """The Celery task delivering it (None in eager mode)."""
-    traceparent: str | None = None
-    """The W3C trace context its message carried, if any."""
-
-
-@dataclass(frozen=True, slots=True)
-class TurnEnded:
-    """A claimed turn's delivery ended, however it did."""
-
-    run_id: str
-    agent: str
-    turn: int
-    outcome: TurnOutcome
-    seconds: float
-    """From the claim to the end."""
-    request_id: str | None = None
-    """The request the run now waits on, when the outcome is `pending`."""
-    error: str | None = None
-    """The type of the exception that ended it, when one did (never its text)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelCalling:
-    """A turn is about to call its model."""
-
-    run_id: str
-    agent: str
-    provider: str
-    """The endpoint's host (`api.openai.com`); `in-process` for a model function."""
-    model: str
-
-
-@dataclass(frozen=True, slots=True)
-class ModelCalled:
-    """A model call ended: `ok`, `error`, `rate_limited`, or `None` when the call never
-    reached the provider (kept back by its limits or its open circuit)."""
-
-    run_id: str
-    agent: str
-    provider: str
-    model: str
-    result: str | None
-    seconds: float
-    usage: Usage | None = None
-    cost: float | None = None
-    """What the usage cost at the configured prices (None: no price known)."""
-    status: int | None = None
-    """The provider's HTTP status, for an error that had one."""
-    error: str | None = None
-    """The type of the exception the call raised, if it did (never its text)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolStarting:
-    """A tool of ours is about to run for one call of a turn."""
-
-    run_id: str
-    agent: str
-    call_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolRan:
-    """A tool of ours ran for one call of a turn (relay calls are the host's)."""
-
-    run_id: str
-    agent: str
-    call_id: str
-    is_error: bool
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class RequestOpened:
-    """A turn suspended its run on a stored request."""
-
-    run_id: str
-    agent: str
-    request_id: str
-    kind: str
-    """`tool_call`, `approval` or `budget`."""
-
-
-@dataclass(frozen=True, slots=True)
-class RequestDecided:
-    """The store took an answer (or a vote) on a request, where it was given."""
-
-    request_id: str
-    run_id: str
-    ok: bool
-    resolved: bool
-    """Whether the request is now answered (a vote short of its quorum is not)."""
-    via: str
-    """`api`, `cli`, `inbox`, `host`, ..."""
-    started_ns: int
-    """When the decision was asked for (`time.time_ns()`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerApplying:
-    """A worker is about to apply a request's answer to its run."""
-
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerApplied:
-    """A worker applied a request's answer, or found it applied already."""
-
-    request_id: str
-    resumed: bool
-    """Whether the run was queued again by it."""
-    error: str | None = None
-    """The type of the exception applying it raised, if it did."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunSettled:
-    """A run left the queue: done, waiting on a request, or ended."""
-
-    run_id: str
-    agent: str | None
-    status: str
-    """`done`, `pending`, `incomplete`, `cancelled`, `over_budget` or `failed`."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sending:
-    """Messages are about to be sent to the broker (or run, in eager mode)."""
-
-    rows: Sequence[OutboxRow]
-
-
 class RunHooks:
     """The base of every hook: each method does nothing until a subclass overrides it.
 
@@ -290,66 +145,168 @@ class RunHooks:
     def before_send(self, event: Sending) -> Any: ...
 
 
-_METHODS = tuple(name for name in vars(RunHooks) if name.startswith(("before_", "after_")))
+@dataclass(frozen=True, slots=True)
+class TurnStarted(HookEvent, hook=RunHooks.before_turn):
+    """A turn was claimed and is about to run (its model call and tools)."""
+
+    run_id: str
+    agent: str
+    turn: int
+    """The turn's number in its run, from 1."""
+    attempt: int
+    """1, or more when earlier tries of this turn failed."""
+    task_id: str | None
+    """The Celery task delivering it (None in eager mode)."""
+    traceparent: str | None = None
+    """The W3C trace context its message carried, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded(HookEvent, hook=RunHooks.after_turn):
+    """A claimed turn's delivery ended, however it did."""
+
+    run_id: str
+    agent: str
+    turn: int
+    outcome: TurnOutcome
+    seconds: float
+    """From the claim to the end."""
+    request_id: str | None = None
+    """The request the run now waits on, when the outcome is `pending`."""
+    error: str | None = None
+    """The type of the exception that ended it, when one did (never its text)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCalling(HookEvent, hook=RunHooks.before_model_call):
+    """A turn is about to call its model."""
+
+    run_id: str
+    agent: str
+    provider: str
+    """The endpoint's host (`api.openai.com`); `in-process` for a model function."""
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCalled(HookEvent, hook=RunHooks.after_model_call):
+    """A model call ended: `ok`, `error`, `rate_limited`, or `None` when the call never
+    reached the provider (kept back by its limits or its open circuit)."""
+
+    run_id: str
+    agent: str
+    provider: str
+    model: str
+    result: str | None
+    seconds: float
+    usage: Usage | None = None
+    cost: float | None = None
+    """What the usage cost at the configured prices (None: no price known)."""
+    status: int | None = None
+    """The provider's HTTP status, for an error that had one."""
+    error: str | None = None
+    """The type of the exception the call raised, if it did (never its text)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStarting(HookEvent, hook=RunHooks.before_tool):
+    """A tool of ours is about to run for one call of a turn."""
+
+    run_id: str
+    agent: str
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRan(HookEvent, hook=RunHooks.after_tool):
+    """A tool of ours ran for one call of a turn (relay calls are the host's)."""
+
+    run_id: str
+    agent: str
+    call_id: str
+    is_error: bool
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOpened(HookEvent, hook=RunHooks.after_request_opened):
+    """A turn suspended its run on a stored request."""
+
+    run_id: str
+    agent: str
+    request_id: str
+    kind: str
+    """`tool_call`, `approval` or `budget`."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDecided(HookEvent, hook=RunHooks.after_request_decided):
+    """The store took an answer (or a vote) on a request, where it was given."""
+
+    request_id: str
+    run_id: str
+    ok: bool
+    resolved: bool
+    """Whether the request is now answered (a vote short of its quorum is not)."""
+    via: str
+    """`api`, `cli`, `inbox`, `host`, ..."""
+    started_ns: int
+    """When the decision was asked for (`time.time_ns()`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerApplying(HookEvent, hook=RunHooks.before_answer_applied):
+    """A worker is about to apply a request's answer to its run."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerApplied(HookEvent, hook=RunHooks.after_answer_applied):
+    """A worker applied a request's answer, or found it applied already."""
+
+    request_id: str
+    resumed: bool
+    """Whether the run was queued again by it."""
+    error: str | None = None
+    """The type of the exception applying it raised, if it did."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettled(HookEvent, hook=RunHooks.after_run_settled):
+    """A run left the queue: done, waiting on a request, or ended."""
+
+    run_id: str
+    agent: str | None
+    status: str
+    """`done`, `pending`, `incomplete`, `cancelled`, `over_budget` or `failed`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sending(HookEvent, hook=RunHooks.before_send):
+    """Messages are about to be sent to the broker (or run, in eager mode)."""
+
+    rows: Sequence[OutboxRow]
 
 
 class BadHook(RelayqError, ValueError):
     """A hook named in the settings or given to an agent that is not a `RunHooks`."""
 
 
-def _overrides(hook: RunHooks, method: str) -> bool:
-    return getattr(type(hook), method) is not getattr(RunHooks, method)
-
-
-class Hooks:
-    """The hooks of one runtime or client, called in order; each method emits one event.
-
-    For each method it keeps the hooks that override it, so an event nobody
-    watches costs a dictionary lookup.
-    """
+class Hooks(Emitter[RunHooks]):
+    """The hooks of one runtime or client (`relayq.hooking.Emitter`): `emit(event)` tells
+    each hook overriding the event's method, `extra` (an agent's) after the rest."""
 
     def __init__(self, hooks: Iterable[RunHooks] = ()) -> None:
-        self._hooks: list[RunHooks] = []
-        self._by_method: dict[str, tuple[RunHooks, ...]] = {}
-        for hook in hooks:
-            self.add(hook)
+        super().__init__(
+            hooks, base=RunHooks, failure="hook %(hook)s.%(method)s failed (%(error)s); skipped"
+        )
 
     def add(self, hook: RunHooks) -> None:
         """Register `hook` after those registered before it."""
         if not isinstance(hook, RunHooks):
             raise BadHook(f"{hook!r} is not a RunHooks (tasks.hooks.RunHooks)")
-        self._hooks.append(hook)
-        self._by_method = {
-            method: tuple(h for h in self._hooks if _overrides(h, method)) for method in _METHODS
-        }
-
-    async def emit(self, method: str, event: Any, extra: Sequence[RunHooks] = ()) -> None:
-        """Call `method` of every hook overriding it, `extra` (an agent's) after the rest;
-        `after_*` methods in reverse order."""
-        hooks = self._by_method.get(method, ())
-        if extra:
-            hooks = (*hooks, *(h for h in extra if _overrides(h, method)))
-        if not hooks:
-            return
-        if method.startswith("after_"):
-            hooks = tuple(reversed(hooks))
-        for hook in hooks:
-            try:
-                call = getattr(hook, method)
-                if hook.on_loop or inspect.iscoroutinefunction(call):
-                    result = call(event)
-                else:
-                    result = await asyncio.to_thread(call, event)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception as exc:
-                # Its type alone: a hook's message may quote what it was looking at.
-                log.warning(
-                    "hook %s.%s failed (%s); skipped",
-                    type(hook).__name__,
-                    method,
-                    type(exc).__name__,
-                )
+        super().add(hook)
 
 
 def hooks_named(names: Iterable[str]) -> list[RunHooks]:

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 
-from relayq.circuit import Circuit, CircuitChange, CircuitHooks
+from relayq.circuit import Circuit, CircuitChange, CircuitHooks, circuit_hooks
 from store.outbox import MAINTENANCE_QUEUE, WAKE_TASK
 from tasks.broker.circuit_views import CircuitView, batch_waits, read_circuits, since_text
 from tasks.broker.redis_circuit import REFRESH, RedisCircuit, Wake
@@ -74,14 +74,14 @@ class CircuitLog(CircuitHooks):
             )
 
 
-_HOOKS: list[CircuitHooks] = [CircuitLog()]
+_HOOKS = circuit_hooks([CircuitLog()])
 _circuits: dict[tuple[int, str, str, bool], Circuit] = {}
 _lock = threading.Lock()
 
 
 def add_hooks(hooks: CircuitHooks) -> None:
     """Tell `hooks` of every circuit change this process sees."""
-    _HOOKS.append(hooks)
+    _HOOKS.add(hooks)
 
 
 def _waker(settings: Settings) -> Wake:

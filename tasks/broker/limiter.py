@@ -40,7 +40,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -50,6 +50,7 @@ import redis.asyncio as aioredis
 from relayq import Usage
 from relayq.agents import Agent
 from relayq.circuit import CircuitModel
+from relayq.hooking import Emitter
 from relayq.model import Model
 from relayq.perloop import PerLoop
 from relayq.ratelimit import (
@@ -63,6 +64,7 @@ from relayq.ratelimit import (
     ProviderLimits,
     Throttled,
     WaitReason,
+    limiter_hooks,
 )
 from tasks.broker.circuit import circuit_for
 from tasks.broker.redis_clients import DEFAULT_BOUNDS, RedisBounds, close_redis, redis_pool
@@ -80,7 +82,7 @@ log = logging.getLogger(__name__)
 
 COUNTERS = LimitCounters()
 """This process's waits, re-queues and provider rejections, per provider label."""
-_HOOKS: list[LimiterHooks] = [COUNTERS]
+_HOOKS = limiter_hooks([COUNTERS])
 
 _MINUTE_US = 60_000_000
 
@@ -217,7 +219,7 @@ class RedisLimiter(Limiter):
         url: str,
         *,
         prefix: str,
-        hooks: Sequence[LimiterHooks] = (),
+        hooks: Iterable[LimiterHooks] | Emitter[LimiterHooks] = (),
         poll: float = 0.02,
         retry_unavailable: float = 5.0,
         bounds: RedisBounds = DEFAULT_BOUNDS,
@@ -288,7 +290,7 @@ class RedisLimiter(Limiter):
             await self.release(permit, used=Usage())
         waited = loop.time() - started
         if grant.reason is not None and waited > 0.001:
-            self.emit_wait(LimitWait(**limits.names(), seconds=waited, reason=grant.reason))
+            self.hooks.emit_now(LimitWait(**limits.names(), seconds=waited, reason=grant.reason))
         return permit
 
     async def _reserve(
@@ -325,7 +327,9 @@ class RedisLimiter(Limiter):
         else:
             retry_in = max(0.5, grant.wait - max_wait / 2) * random.uniform(0.9, 1.1)
         reason = grant.reason or "requests"
-        self.emit_wait(LimitWait(**limits.names(), seconds=retry_in, reason=reason, requeued=True))
+        self.hooks.emit_now(
+            LimitWait(**limits.names(), seconds=retry_in, reason=reason, requeued=True)
+        )
         return Throttled(limits.label, retry_in, reason)
 
     async def _ask(self, conn: _Conn, permit: Permit, max_wait: float) -> _Grant:
@@ -368,7 +372,7 @@ class RedisLimiter(Limiter):
         if now - self._warned > 30:
             self._warned = now
             log.warning("provider limits unavailable (%s): %s goes unlimited", why, limits.label)
-        self.emit_unavailable(LimiterUnavailable(**limits.names(), error=why))
+        self.hooks.emit_now(LimiterUnavailable(**limits.names(), error=why))
         return Permit(limits=limits, tokens=prompt_tokens, prompt_tokens=prompt_tokens)
 
     # -- release and pause --------------------------------------------------------------------
@@ -428,7 +432,7 @@ _WATCHER = Limiter(_HOOKS)
 
 def add_hooks(hooks: LimiterHooks) -> None:
     """Tell `hooks` of every limiter wait, re-queue and provider rejection in this process."""
-    _HOOKS.append(hooks)
+    _HOOKS.add(hooks)
 
 
 def limiter_for(settings: Settings) -> Limiter:

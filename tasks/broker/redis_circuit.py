@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -55,6 +55,7 @@ from relayq.circuit import (
     Ticket,
     Wait,
 )
+from relayq.hooking import Emitter
 from relayq.perloop import PerLoop
 from relayq.ratelimit import ProviderLimits
 from tasks.broker.redis_clients import DEFAULT_BOUNDS, RedisBounds, close_redis, redis_pool
@@ -192,7 +193,7 @@ class RedisCircuit(Circuit):
         *,
         prefix: str,
         probe_every: float,
-        hooks: Sequence[CircuitHooks] = (),
+        hooks: Iterable[CircuitHooks] | Emitter[CircuitHooks] = (),
         wake: Wake | None = None,
         retry_unavailable: float = 5.0,
         bounds: RedisBounds = DEFAULT_BOUNDS,
@@ -266,7 +267,7 @@ class RedisCircuit(Circuit):
         was_closed = before is None or before.state == "closed"
         if ours or was_closed != (seen.state == "closed"):
             state: CircuitState = "open" if seen.state == "half_open" and not ours else seen.state
-            self.emit_change(
+            self.hooks.emit_now(
                 CircuitChange(
                     **limits.names(),
                     state=state,

@@ -147,4 +147,4 @@ class Answering:
             event = RequestDecided(
                 reply.id, accepted.run_id, reply.ok, accepted.complete, via, since
             )
-            await self.hooks.emit("after_request_decided", event)
+            await self.hooks.emit(event)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from celery import Celery
 
 from relayq import Answer, Request, RunResult
-from relayq.agents import Agent
+from relayq.agents import Agent, registered_agents
 from relayq.budgets import Budget
 from relayq.loop import WaitFor
 from store import (
@@ -54,7 +54,7 @@ from tasks.client.leasing import Leasing
 from tasks.client.settling import Settling, Waiting
 from tasks.client.starting import Starting
 from tasks.client.waiting import RunWaiter, WaitTimeout
-from tasks.hooks import Hooks, Sending, hooks_named
+from tasks.hooks import Hooks, RunSettled, Sending, hooks_named
 from tasks.observability.tracing import Tracing
 from tasks.settings import Settings
 from tasks.storeio import StoreCalls
@@ -144,7 +144,9 @@ class DurableClient:
 
             runtime = EagerRuntime(self.settings, db=self.db)
             self.hooks, self._dispatch = runtime.hooks, runtime.dispatch
+            self._agent_named: Callable[[str], Agent | None] = runtime.known_agent
         else:
+            self._agent_named = lambda name: registered_agents().get(name)
             self._app = sender = app or sender_app(self.settings)
             self.hooks = Hooks([Tracing(self.db, self.store), *hooks_named(self.settings.hooks)])
             self._dispatch = BrokerDispatch(
@@ -199,7 +201,7 @@ class DurableClient:
         """Dispatch the messages a change wrote (in eager mode: run them here and now).
         Returns how many went to the broker."""
         rows = list(rows)
-        await self.hooks.emit("before_send", Sending(rows))  # a new run's trace starts here
+        await self.hooks.emit(Sending(rows))  # a new run's trace starts here
         return await self._dispatch(rows)
 
     async def start(
@@ -532,9 +534,13 @@ class DurableClient:
 
     async def cancel(self, run_id: str) -> str:
         """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""
-        status = await self.store(cancel_run, self.db, run_id)
+        asked = await self.store(cancel_run, self.db, run_id)
         self._waits.changed_here(run_id)  # no worker announces a cancel made here
-        return status
+        if asked.settled:  # a running run is cancelled by its turn, which says so
+            agent = self._agent_named(asked.agent)
+            settled = RunSettled(run_id, asked.agent, asked.status)
+            await self.hooks.emit(settled, agent.hooks if agent is not None else ())
+        return asked.status
 
     def close(self) -> None:
         self._dispatch.close()

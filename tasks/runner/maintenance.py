@@ -32,10 +32,12 @@ async def _sweep(housekeeping: Housekeeping) -> str:
 
 async def _cancel(rt: Runtime, run_id: str) -> str:
     # Until the store answers: a cancel asked for is not dropped with its message.
-    status = await rt.patiently(cancel_stored_run, rt.db, run_id)
-    if status == "cancelled":  # a running run is cancelled by its turn, which says so
-        await rt.hooks.emit("after_run_settled", RunSettled(run_id, None, status))
-    return status
+    asked = await rt.patiently(cancel_stored_run, rt.db, run_id)
+    if asked.settled:  # a running run is cancelled by its turn, which says so
+        agent = rt.known_agent(asked.agent)
+        settled = RunSettled(run_id, asked.agent, asked.status)
+        await rt.hooks.emit(settled, agent.hooks if agent is not None else ())
+    return asked.status
 
 
 @shared_task(name=SWEEP_TASK, bind=True, acks_late=True)

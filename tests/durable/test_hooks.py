@@ -132,3 +132,24 @@ async def test_a_worker_s_hooks_named_in_its_settings_see_its_turns(
     assert [e["tokens"] for e in lines() if e["kind"] == "after_model_call"] == [13, 13, 13]
     opened = next(e for e in lines() if e["kind"] == "after_request_opened")
     assert opened["request_kind"] == "tool_call"
+
+
+async def test_a_cancel_by_the_client_settles_the_run_for_its_hooks_once(eager):
+    # Given a run waiting on its relay call, its agent's hooks and the client's watching
+    seen: list[tuple[str, str, Any]] = []
+    agent = hooked_agent("cancelled-hooks", hooks=[Recorder("agent", seen)], register=False)
+    eager.hooks.add(Recorder("client", seen))
+    first = await eager.run(agent, "stamp then confirm", timeout=30)
+    assert first.status == "pending"
+    seen.clear()
+
+    # When the client cancels it, and then cancels it again
+    assert await eager.cancel(first.run_id) == "cancelled"
+    assert await eager.cancel(first.run_id) == "cancelled"
+
+    # Then both heard the run settle, cancelled, once: as every other end of a run
+    settled = [(who, e.run_id, e.agent, e.status) for who, m, e in seen]
+    assert settled == [
+        ("agent", first.run_id, "cancelled-hooks", "cancelled"),
+        ("client", first.run_id, "cancelled-hooks", "cancelled"),
+    ]

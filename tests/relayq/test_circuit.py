@@ -106,7 +106,7 @@ def test_a_failing_hook_is_logged_and_skipped(caplog: pytest.LogCaptureFixture):
             seen.append(event)
 
     circuit = Circuit([Exploding(), Keeping()])
-    circuit.emit_change(CircuitChange(provider="h/m", state="open"))
+    circuit.hooks.emit_now(CircuitChange(provider="h/m", state="open"))
 
     assert [e.state for e in seen] == ["open"]
     assert "a circuit hook failed" in caplog.text

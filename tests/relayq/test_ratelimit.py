@@ -193,7 +193,7 @@ def test_a_failing_hook_is_logged_and_the_others_still_hear(caplog):
     limiter = Limiter([Broken(), counters])
 
     with caplog.at_level(logging.ERROR, logger="relayq.ratelimit"):
-        limiter.emit_wait(LimitWait(provider="a/m", seconds=1.0, reason="in_flight"))
+        limiter.hooks.emit_now(LimitWait(provider="a/m", seconds=1.0, reason="in_flight"))
 
     assert counters.snapshot()["a/m"].waits == 1
     assert "after_wait" in caplog.text

@@ -16,7 +16,17 @@ import pytest
 
 from relayq import Agent, AgentError
 from tasks import Settings
-from tasks.hooks import BadHook, Hooks, RunHooks, TurnEnded, TurnOutcome, TurnStarted, hooks_named
+from tasks.hooks import (
+    BadHook,
+    Hooks,
+    RequestOpened,
+    RunHooks,
+    ToolRan,
+    TurnEnded,
+    TurnOutcome,
+    TurnStarted,
+    hooks_named,
+)
 from tests.durable import hook_agents
 from tests.durable.hook_agents import Broken, Recorder, TokensPerTenant
 
@@ -27,8 +37,8 @@ END = TurnEnded("run_1", "a", 1, TurnOutcome.DONE, 0.1)
 async def test_before_hooks_run_in_order_and_after_hooks_in_reverse():
     seen: list[tuple[str, str, Any]] = []
     hooks = Hooks([Recorder("first", seen), Recorder("second", seen)])
-    await hooks.emit("before_turn", START)
-    await hooks.emit("after_turn", END, [Recorder("agent's", seen)])
+    await hooks.emit(START)
+    await hooks.emit(END, [Recorder("agent's", seen)])
     assert [(who, method) for who, method, _ in seen] == [
         ("first", "before_turn"),
         ("second", "before_turn"),
@@ -43,7 +53,7 @@ async def test_a_failing_hook_is_logged_by_name_and_type_and_the_others_still_ru
     seen: list[tuple[str, str, Any]] = []
     hooks = Hooks([Broken(), Recorder("after it", seen)])
     with caplog.at_level(logging.WARNING, logger="tasks.hooks"):
-        await hooks.emit("before_turn", START)
+        await hooks.emit(START)
     assert [(who, method) for who, method, _ in seen] == [("after it", "before_turn")]
     assert "hook Broken.before_turn failed (RuntimeError); skipped" in caplog.text
     assert "secret" not in caplog.text
@@ -52,8 +62,8 @@ async def test_a_failing_hook_is_logged_by_name_and_type_and_the_others_still_ru
 async def test_a_hook_is_called_only_for_the_methods_it_overrides():
     seen: list[tuple[str, str, Any]] = []
     hooks = Hooks([RunHooks(), Recorder("x", seen)])
-    await hooks.emit("after_request_opened", object())  # Recorder leaves it to the base
-    await hooks.emit("after_tool", END)
+    await hooks.emit(RequestOpened("run_1", "a", "req_1", "tool_call"))  # left to the base
+    await hooks.emit(ToolRan("run_1", "a", "call_1", False, 0.1))
     assert [(who, method) for who, method, _ in seen] == [("x", "after_tool")]
 
 
@@ -92,8 +102,8 @@ async def test_a_plain_hook_method_runs_on_a_thread_and_never_holds_the_loop():
     turning = asyncio.create_task(turn())
 
     # When each event is emitted
-    await hooks.emit("before_turn", START)
-    await hooks.emit("after_turn", END)
+    await hooks.emit(START)
+    await hooks.emit(END)
     await turning
 
     # Then the user's plain method ran on another thread, and the loop turned while it

@@ -17,7 +17,7 @@ async def apply_answer(rt: Runtime, request_id: str) -> str:
     """Apply the answer (until the store answers: applying again is safe, an applied
     answer is skipped, and the message must not be acknowledged with the answer left
     unapplied); the hooks see it before and after (`tasks.hooks`)."""
-    await rt.hooks.emit("before_answer_applied", AnswerApplying(request_id))
+    await rt.hooks.emit(AnswerApplying(request_id))
     outbox: list[OutboxRow] = []
     error: str | None = None
     try:
@@ -28,7 +28,7 @@ async def apply_answer(rt: Runtime, request_id: str) -> str:
         raise
     finally:
         applied = AnswerApplied(request_id, bool(outbox), error)
-        await rt.hooks.emit("after_answer_applied", applied)
+        await rt.hooks.emit(applied)
     return "resumed" if outbox else "skipped: already applied or run not pending"
 
 

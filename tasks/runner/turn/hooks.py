@@ -61,7 +61,6 @@ class TurnReport:
         claim, task_id, header = self.claim, self.task_id, self.traceparent
         self._started = time.perf_counter()
         await self.rt.hooks.emit(
-            "before_turn",
             TurnStarted(
                 claim.run_id, claim.agent, claim.turns + 1, claim.attempts + 1, task_id, header
             ),
@@ -89,7 +88,7 @@ class TurnReport:
         pending = outcome.turn.pending if outcome is not None and outcome.turn is not None else None
         if pending is not None:
             opened = RequestOpened(claim.run_id, claim.agent, pending.id, pending.kind)
-            await self.rt.hooks.emit("after_request_opened", opened, hooks)
+            await self.rt.hooks.emit(opened, hooks)
         ended = TurnEnded(
             claim.run_id,
             claim.agent,
@@ -99,10 +98,10 @@ class TurnReport:
             pending.id if pending is not None else None,
             self.error,
         )
-        await self.rt.hooks.emit("after_turn", ended, hooks)
+        await self.rt.hooks.emit(ended, hooks)
         if failed or (outcome is not None and kind.settles):
             settled = RunSettled(claim.run_id, claim.agent, kind.value)
-            await self.rt.hooks.emit("after_run_settled", settled, hooks)
+            await self.rt.hooks.emit(settled, hooks)
 
 
 def watched(rt: Runtime, claim: Claim, agent: Agent, model: Model) -> Model:
@@ -111,9 +110,7 @@ def watched(rt: Runtime, claim: Claim, agent: Agent, model: Model) -> Model:
     hooks: tuple[RunHooks, ...] = agent.hooks
 
     async def call(request: InProcessRequest) -> InProcessResponse:
-        await rt.hooks.emit(
-            "before_model_call", ModelCalling(claim.run_id, agent.name, provider, name), hooks
-        )
+        await rt.hooks.emit(ModelCalling(claim.run_id, agent.name, provider, name), hooks)
         started = time.perf_counter()
         result: str | None = "error"
         reply: InProcessResponse | None = None
@@ -154,6 +151,6 @@ def watched(rt: Runtime, claim: Claim, agent: Agent, model: Model) -> Model:
                 status,
                 error,
             )
-            await rt.hooks.emit("after_model_call", called, hooks)
+            await rt.hooks.emit(called, hooks)
 
     return call

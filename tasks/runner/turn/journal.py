@@ -101,7 +101,7 @@ class StoreJournal(Journal):
         # Until `record`, a stall of the loop names this call (`tasks.runner.loopwatch`).
         self.rt.enter(f"tool {tool or '?'} (call {call_id})")
         await self.rt.hooks.emit(
-            "before_tool", ToolStarting(self.claim.run_id, self.claim.agent, call_id), self.hooks
+            ToolStarting(self.claim.run_id, self.claim.agent, call_id), self.hooks
         )
         self._started[at, call_id, attempt] = time.perf_counter()
         if at == self._fresh and not attempt:
@@ -126,7 +126,7 @@ class StoreJournal(Journal):
                 outcome.is_error,
                 time.perf_counter() - started,
             )
-            await self.rt.hooks.emit("after_tool", ran, self.hooks)
+            await self.rt.hooks.emit(ran, self.hooks)
 
     async def flush(self) -> None:
         """Record the outcomes left for later now."""
