@@ -31,13 +31,25 @@ P = ParamSpec("P")
 class StoreCalls:
     """Runs store calls for one loop's owner: `await calls(fn, *args)`."""
 
-    def __init__(self, *, inline: bool, executor: Callable[[], Executor | None]) -> None:
+    def __init__(
+        self,
+        *,
+        inline: bool,
+        executor: Callable[[], Executor | None],
+        ready: Callable[[], bool] | None = None,
+        open: Callable[[], object] | None = None,
+    ) -> None:
         self.inline = inline
         """SQLite: try inline first."""
         self._executor = executor
         """The threads to use (None: the loop's default), asked for when first needed."""
+        self._ready = ready
+        """Asked before each call whether the store is open (a client's: False while new,
+        RuntimeError once closed); when it is not, `open` runs first, on a thread."""
+        self._open = open
 
     async def __call__(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        await self._prepare()
         if self.inline:
             # StoreBusy: another process holds the lock; the call waits for it on a thread.
             with contextlib.suppress(StoreBusy), impatient():
@@ -46,5 +58,12 @@ class StoreCalls:
 
     async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """On a thread whatever the store: for calls that take long on any (a batch's start)."""
-        call = functools.partial(fn, *args, **kwargs)
+        await self._prepare()
+        return await self._thread(functools.partial(fn, *args, **kwargs))
+
+    async def _prepare(self) -> None:
+        if self._ready is not None and not self._ready() and self._open is not None:
+            await self._thread(self._open)
+
+    async def _thread(self, call: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor(), call)

@@ -14,7 +14,9 @@ The verbs' work is done by the client's helpers: `tasks.client.starting` starts 
 from __future__ import annotations
 
 import inspect
+import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -117,8 +119,9 @@ class DurableClient:
         if broker_url:
             overrides.update(broker_url=broker_url, embedded_broker=False)
         self.settings = replace(base, **overrides)
-        self.db = Database(self.settings.database_url)
-        migrate(self.db)
+        self._db = Database(self.settings.database_url)
+        self._state: Literal["new", "open", "closed"] = "new"
+        self._opening = threading.Lock()
         self.eager = eager
         self._wait_for = wait_for
         if waiting not in ("pushed", "polled"):
@@ -126,10 +129,15 @@ class DurableClient:
         # An eager client settles its runs itself, and only Redis carries announcements.
         pushed = not eager and self.settings.redis_url is not None
         how: Waiting = waiting if pushed else "polled"
-        self.inline_store = self.db.is_sqlite
+        self.inline_store = self._db.is_sqlite
         """Store calls run on the event loop (SQLite) while its lock is free."""
         self._threads: ThreadPoolExecutor | None = None
-        self.store = StoreCalls(inline=self.inline_store, executor=self._client_threads)
+        self.store = StoreCalls(
+            inline=self.inline_store,
+            executor=self._client_threads,
+            ready=self._is_open,
+            open=self.open,
+        )
         """How this client's store calls run: `await client.store(fn, *args)`, inline for
         SQLite while its lock is free, else on a thread; `client.store.offload(...)` for
         those that take long on any store (`tasks.storeio`)."""
@@ -142,24 +150,24 @@ class DurableClient:
         if eager:
             from tasks.client.eager import EagerRuntime
 
-            runtime = EagerRuntime(self.settings, db=self.db)
+            runtime = EagerRuntime(self.settings, db=self._db)
             self.hooks, self._dispatch = runtime.hooks, runtime.dispatch
             self._agent_named: Callable[[str], Agent | None] = runtime.known_agent
         else:
             self._agent_named = lambda name: registered_agents().get(name)
             self._app = sender = app or sender_app(self.settings)
-            self.hooks = Hooks([Tracing(self.db, self.store), *hooks_named(self.settings.hooks)])
+            self.hooks = Hooks([Tracing(self._db, self.store), *hooks_named(self.settings.hooks)])
             self._dispatch = BrokerDispatch(
-                lambda: sender, self.db, self.store, on_unsent=on_unsent
+                lambda: sender, self._db, self.store, on_unsent=on_unsent
             )
         # The verbs' work (composition): starting runs, waiting for them, taking answers.
-        self._starts = Starting(self.settings, self.db, self.store, self._dispatch, self._publish)
+        self._starts = Starting(self.settings, self._db, self.store, self._dispatch, self._publish)
         self._waits = Settling(
-            self.settings, self.db, self.store, waiting=how, recheck_every=recheck_every
+            self.settings, self._db, self.store, waiting=how, recheck_every=recheck_every
         )
-        self._answers = Answering(self.settings, self.db, self.store, self.hooks, self._publish)
+        self._answers = Answering(self.settings, self._db, self.store, self.hooks, self._publish)
         self._leases = Leasing(
-            self.db,
+            self._db,
             self.store,
             self._answers,
             lambda: self._waits.waiter_here() if self._waits.pushed else None,
@@ -173,6 +181,18 @@ class DurableClient:
     @waiting.setter
     def waiting(self, how: Waiting) -> None:
         self._waits.pushed = how == "pushed"
+
+    @property
+    def db(self) -> Database:
+        """The store, opened (migrated to head) on first use (`open`): for reading it
+        beside the client's verbs."""
+        if self._state == "new":
+            self.open()
+        return self._db
+
+    @db.setter
+    def db(self, db: Database) -> None:
+        self._db = db
 
     @property
     def recheck_every(self) -> timedelta:
@@ -295,7 +315,7 @@ class DurableClient:
         """
         if wait:
             await self._waits.until_settled(run_id, timeout)
-        return await self.store(run_result, self.db, run_id)
+        return await self.store(run_result, self._db, run_id)
 
     async def settled(self, run_id: str, *, timeout: float | None = None) -> None:
         """Return once the run is done, pending, failed or cancelled, reading nothing else:
@@ -326,7 +346,7 @@ class DurableClient:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             await self._waits.until_settled(run_id, left, since)
-            res = await self.store(run_result, self.db, run_id)
+            res = await self.store(run_result, self._db, run_id)
             if res.status != "pending" or self._wait_for is None or res.pending is None:
                 return res
             answer = self._wait_for(res.pending)
@@ -388,7 +408,7 @@ class DurableClient:
         the CLI and the API from their options); with `all_pages`, one page of them all.
         BadQuery for a filter, sort, limit or cursor the store does not take."""
         listing = all_requests if all_pages else query_requests
-        return await self.store.offload(listing, self.db, query)
+        return await self.store.offload(listing, self._db, query)
 
     async def submit_answer(
         self,
@@ -530,11 +550,11 @@ class DurableClient:
     ) -> list[RunRow]:
         """Stored runs, newest first."""
         query = RunQuery(status=status, agent=agent, limit=limit)
-        return await self.store(list_runs, self.db, query)
+        return await self.store(list_runs, self._db, query)
 
     async def cancel(self, run_id: str) -> str:
         """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""
-        asked = await self.store(cancel_run, self.db, run_id)
+        asked = await self.store(cancel_run, self._db, run_id)
         self._waits.changed_here(run_id)  # no worker announces a cancel made here
         if asked.settled:  # a running run is cancelled by its turn, which says so
             agent = self._agent_named(asked.agent)
@@ -542,19 +562,62 @@ class DurableClient:
             await self.hooks.emit(settled, agent.hooks if agent is not None else ())
         return asked.status
 
+    def open(self) -> DurableClient:
+        """Open the store, migrating it to head (`store.migrate`), once. `with`, `async
+        with` and the first verb open a client; a closed one is not opened again
+        (RuntimeError)."""
+        with self._opening:
+            if self._state == "closed":
+                raise RuntimeError("this DurableClient is closed")
+            if self._state == "new":
+                migrate(self._db)
+                self._state = "open"
+        return self
+
+    def _is_open(self) -> bool:
+        """Before each store call: False while new (the seam opens the store first, on a
+        thread: a migration blocks); RuntimeError once closed."""
+        if self._state == "closed":
+            raise RuntimeError("this DurableClient is closed")
+        return self._state == "open"
+
     def close(self) -> None:
+        """Close what the client holds: its waiter, its threads, the store's connections,
+        its Celery app. Safe to call again."""
+        with self._opening:
+            if self._state == "closed":
+                return
+            self._state = "closed"
         self._dispatch.close()
         self._waits.close()
         if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None
-        self.db.dispose()
+        self._db.dispose()
         if self._app is not None:
             self._app.close()
 
+    def __enter__(self) -> DurableClient:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     async def __aenter__(self) -> DurableClient:
+        if not self._is_open():
+            await self.store.offload(self.open)  # the seam opens it first, on a thread
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._waits.aclose()  # its connection closed before the loop may end
         self.close()
+
+    def __del__(self) -> None:
+        # Dropped open: its store's connections and threads were never let go.
+        if getattr(self, "_state", None) == "open":
+            warnings.warn(
+                "a DurableClient was dropped open: close it, or use it with `with` or `async with`",
+                ResourceWarning,
+                stacklevel=2,
+                source=self,
+            )

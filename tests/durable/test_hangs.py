@@ -379,7 +379,7 @@ async def test_the_api_answers_503_while_its_store_is_silent_and_serves_once_it_
     with HangingProxy(private_pg.port) as proxy:
         url = private_pg.url.replace(f":{private_pg.port}/", f":{proxy.port}/")
         settings = Settings.from_env(_env(broker, tmp_path, url))
-        DurableClient(settings=settings).close()  # migrates the store
+        DurableClient(settings=settings).open().close()  # migrates the store
         with serving(settings) as server:
             async with server.http(SUBMITTER) as http:
                 assert (await http.get("/api/runs")).status_code == 200

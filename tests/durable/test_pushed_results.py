@@ -75,7 +75,7 @@ class Host:
 @contextmanager
 def _host(env: dict[str, str]) -> Iterator[Host]:
     settings = Settings.from_env(env)
-    DurableClient(settings=settings).close()  # migrates the store
+    DurableClient(settings=settings).open().close()  # migrates the store
     store = Database(settings.database_url)
     conn = redis.Redis.from_url(settings.broker_url.replace("redis+socket://", "unix://"))
     host = Host(settings, store, conn)
