@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from cli import approvals, batch, batches, host, processes, purge, relay_host, request_commands
+from cli import approvals, batch, batches, host, processes, purge, request_commands, runs
 
 __all__ = ["app", "main"]
 
@@ -67,8 +67,8 @@ app.command()(processes.mcp)
 app.command()(processes.flower)
 app.command()(processes.demo)
 # Runs
-app.command()(host.run)
-app.command("host")(relay_host.serve)
+app.command()(runs.run)
+app.command("host")(host.serve)
 batch_app = typer.Typer(
     cls=batches.BatchGroup,
     no_args_is_help=True,
@@ -82,9 +82,9 @@ batch_app.command()(batches.cancel)
 batch_app.command()(batches.export)
 app.add_typer(batch_app, name="batch")
 app.command()(batches.batches)
-app.command()(host.runs)
-app.command()(host.show)
-app.command()(host.cancel)
+app.command()(runs.runs)
+app.command()(runs.show)
+app.command()(runs.cancel)
 # Requests
 app.command()(request_commands.pending)
 app.command()(request_commands.answer)

@@ -120,7 +120,7 @@ def _check_setup() -> None:
 
 def _check_tokens() -> None:
     """RELAYQ_API_TOKENS, parsed as the API will: one line naming the bad entry, never a token."""
-    tokens = _load("api._auth", "the API's tokens").Tokens
+    tokens = _load("api", "the API's tokens").Tokens
     try:
         tokens.parse(os.environ.get("RELAYQ_API_TOKENS", ""))
     except ValueError as exc:

@@ -298,7 +298,7 @@ def _call_of(call: InProcessToolCall) -> tx.Call:
     return tx.Call(id=call.id, name=call.name, arguments=args)
 
 
-_Outcome: TypeAlias = "ToolResult | Request | RelayCall"
+_Resolved: TypeAlias = "ToolResult | Request | RelayCall"
 
 
 async def _settle_all(messages: list[dict[str, Any]], work: list[tx.Slot], ctx: _Ctx) -> None:
@@ -306,7 +306,7 @@ async def _settle_all(messages: list[dict[str, Any]], work: list[tx.Slot], ctx: 
     try:
         # A TaskGroup, not gather: if one call is cancelled, its siblings stop too.
         async with asyncio.TaskGroup() as group:
-            running = [group.create_task(_settle(s, ctx)) for s in work]
+            running = [group.create_task(_resolve(s, ctx)) for s in work]
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0] from None
     outcomes = [t.result() for t in running]
@@ -327,7 +327,7 @@ async def _settle_all(messages: list[dict[str, Any]], work: list[tx.Slot], ctx: 
             messages[slot.index] = msg
 
 
-async def _settle(slot: tx.Slot, ctx: _Ctx) -> _Outcome:
+async def _resolve(slot: tx.Slot, ctx: _Ctx) -> _Resolved:
     call = slot.call
     tool = ctx.toolkit.get(call.name)
     if tool is None:

@@ -40,7 +40,7 @@ from relayq.relay import (
     relay_calls_of,
     relay_results_of,
 )
-from store.audit import SYSTEM, Decider, Outcome, record_decision
+from store.audit import SYSTEM, Decider, DecisionOutcome, record_decision
 from store.budgets import budget_answered
 from store.db import Database
 from store.events import emit_about
@@ -258,7 +258,7 @@ def _accept(
     previous = Answer.model_validate(row.answer) if row.answer else None
     merged = _merge(request, previous, answer)
     complete = _complete(request, merged, partial=partial)
-    outcome: Outcome = "answered" if answer.ok else "declined"
+    outcome: DecisionOutcome = "answered" if answer.ok else "declined"
     given = _given(request, answer)
     record_decision(s, row, who, outcome, now=now, reason=answer.reason, call_ids=given)
     if given:
@@ -299,7 +299,12 @@ def _have_results(s: Session, request_id: str, results: Collection[str]) -> None
 
 
 def _resolve(
-    s: Session, row: RequestRow, answer: Answer, outcome: Outcome, who: Decider, now: datetime
+    s: Session,
+    row: RequestRow,
+    answer: Answer,
+    outcome: DecisionOutcome,
+    who: Decider,
+    now: datetime,
 ) -> list[OutboxRow]:
     """Close the request with its answer, and queue the task that applies it."""
     row.answer = answer.model_dump(mode="json")

@@ -23,7 +23,7 @@ __all__ = [
     "SYSTEM",
     "AuditQuery",
     "Decider",
-    "Outcome",
+    "DecisionOutcome",
     "Via",
     "decisions_of",
     "list_decisions",
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 Via: TypeAlias = Literal["inbox", "api", "cli", "python", "system"]
-Outcome: TypeAlias = Literal[
+DecisionOutcome: TypeAlias = Literal[
     "approved", "edited", "declined", "answered", "expired", "escalated", "overdue"
 ]
 
@@ -56,7 +56,7 @@ def record_decision(
     s: Session,
     row: RequestRow,
     decider: Decider,
-    outcome: Outcome,
+    outcome: DecisionOutcome,
     *,
     now: datetime | None = None,
     reason: str | None = None,

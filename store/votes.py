@@ -27,7 +27,7 @@ from relayq.approvals import (
     edit,
 )
 from relayq.authority import DECIDING_KINDS, refusal
-from store.audit import Decider, Outcome, record_decision
+from store.audit import Decider, DecisionOutcome, record_decision
 from store.db import Database
 from store.models import RequestRow, RunRow, VoteRow
 from store.requests import request_of
@@ -48,7 +48,7 @@ class Resolution:
     """The answer a request resolved with, and what it came to."""
 
     answer: Answer
-    outcome: Outcome
+    outcome: DecisionOutcome
 
 
 def check_may_answer(row: RequestRow, run: RunRow, decider: Decider) -> None:
@@ -166,7 +166,11 @@ def vote(
     return _tally([*votes, mine], row, request)
 
 
-_OUTCOMES: dict[str, Outcome] = {"approve": "approved", "edit": "edited", "decline": "declined"}
+_OUTCOMES: dict[str, DecisionOutcome] = {
+    "approve": "approved",
+    "edit": "edited",
+    "decline": "declined",
+}
 
 
 def _tally(votes: list[VoteRow], row: RequestRow, request: Request) -> Resolution | None:

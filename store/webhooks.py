@@ -328,7 +328,7 @@ def record(
         }
         # A delivery deleted meanwhile (pruned) has nothing left to record.
         log = [
-            _settle(current[a.delivery_id], a, policy, moment)
+            _apply_attempt(current[a.delivery_id], a, policy, moment)
             for a in tried
             if a.delivery_id in current
         ]
@@ -337,7 +337,7 @@ def record(
             conn.execute(ATTEMPTS.insert(), log)
 
 
-def _settle(
+def _apply_attempt(
     row: dict[str, Any], attempt: Attempt, policy: RetryPolicy, now: datetime
 ) -> dict[str, Any]:
     """Apply `attempt` to the delivery `row` (in place); its line of the delivery log."""

@@ -1,5 +1,5 @@
 """One delivery of a turn's task: the task it came in (`TaskRef`) and what it did
-(`Outcome`). Apart from `tasks.runner.turn.task`, so that what watches a delivery
+(`Delivered`). Apart from `tasks.runner.turn.task`, so that what watches a delivery
 (`tasks.observability.metrics`, `tasks.observability.tracing`) needs nothing of the turn's
 driver."""
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from relayq.loop import Turn
 
-__all__ = ["Outcome", "TaskRef"]
+__all__ = ["Delivered", "TaskRef"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class TaskRef:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Delivered:
     """What one delivery of a turn did: how it ended, a few words for Flower, and, when
     the turn gave its run back to be tried again, the backoff to re-send it after."""
 
@@ -65,7 +65,7 @@ class Outcome:
         }
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Outcome:
+    def from_wire(cls, data: dict[str, Any]) -> Delivered:
         resend = data.get("resend")
         return cls(
             TurnOutcome(data["kind"]),

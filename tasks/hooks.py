@@ -3,7 +3,7 @@ without being woven into it.
 
 A hook is a `RunHooks` subclass overriding the methods it cares about; each method
 takes one frozen event and may be sync or async. The turn driver, the answer and
-cancel tasks and the host client emit the events; `Hooks` calls every hook that
+cancel tasks and the client emit the events; `Hooks` calls every hook that
 overrides the method, in registration order for `before_*` methods and in reverse
 for `after_*` ones (so a hook that opens something in `before_turn` closes it after
 the hooks registered later have seen the end). A hook that raises is logged, by

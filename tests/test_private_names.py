@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,3 +71,36 @@ def _private_modules_of_others(path: Path) -> list[str]:
 
 def test_no_package_imports_another_packages_private_module():
     assert _offenders(_private_modules_of_others) == []
+
+
+MODULE_PATH = re.compile(r"[a-z_]\w*(?:\.[a-z_]\w*)+(?::\w+)?")
+"""A string that names a module (`api._auth`), or a name in one (`workers.app:Consumer`):
+what `importlib.import_module`, a `module:attr` setting or Celery's imports load."""
+
+
+def _private_modules_named_in_strings(path: Path) -> list[str]:
+    """`importlib.import_module("api._auth")`, or any string naming another package's
+    underscore module: an import the import statements above do not show."""
+    own = path.relative_to(ROOT).parts[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+            continue
+        if not MODULE_PATH.fullmatch(node.value):
+            continue
+        parts = node.value.partition(":")[0].split(".")
+        if parts[0] not in PACKAGES or parts[0] == own:
+            continue
+        private = [
+            name
+            for depth, name in enumerate(parts[1:], start=1)
+            if name.startswith("_") and _is_module(".".join(parts[:depth]), name)
+        ]
+        if private:
+            found.append(f"{path.relative_to(ROOT)}: {node.value!r} ({private[0]})")
+    return found
+
+
+def test_no_package_loads_another_packages_private_module_by_name():
+    assert _offenders(_private_modules_named_in_strings) == []

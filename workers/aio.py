@@ -70,7 +70,7 @@ __all__ = ["AsyncioPool", "requests_kept_apart"]
 
 log = logging.getLogger(__name__)
 
-Outcome = tuple[int, Any, float]
+BodyResult = tuple[int, Any, float]
 """What Celery's task callback takes: (failed, result or ExceptionInfo, runtime)."""
 
 
@@ -88,7 +88,7 @@ class _Turn:
         name: str,
         task_id: str,
         started: float,
-        callback: Callable[[Outcome], None] | None,
+        callback: Callable[[BodyResult], None] | None,
         trace: greenlet | None,
     ) -> None:
         self.name = name
@@ -270,7 +270,7 @@ class AsyncioPool(BasePool):
             except Exception:  # one task's report must not stop the consumer
                 log.exception("could not report task %s[%s]", turn.name, turn.task_id)
 
-    def _resume(self, turn: _Turn) -> Outcome:
+    def _resume(self, turn: _Turn) -> BodyResult:
         """Wake the body with its coroutine's outcome; the tracer ends the task as
         Celery does, and returns the callback's outcome."""
         assert turn.trace is not None
@@ -318,7 +318,7 @@ def requests_kept_apart() -> bool:
     return greenlet(lambda: stack.top).switch() is None
 
 
-def _outcome(turn: _Turn) -> Outcome:
+def _outcome(turn: _Turn) -> BodyResult:
     """The outcome of a body that only deferred its coroutine (Celery's signals have
     fired when it returned); logged here, since the tracer logged only "deferred"."""
     if turn.error is not None:

@@ -43,7 +43,7 @@ _STOP_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class _Finished:
     output: str
     returncode: int | None
     timed_out: bool
@@ -92,7 +92,7 @@ def bash_tool(config: BuiltinsConfig) -> Tool:
     )
 
 
-def _result(outcome: _Outcome, timeout: float) -> ToolResult:
+def _result(outcome: _Finished, timeout: float) -> ToolResult:
     if outcome.timed_out:
         return ToolResult.error(
             f"timed out after {timeout:g} s; the command and its child processes were "
@@ -120,7 +120,7 @@ def command_env(config: BuiltinsConfig) -> dict[str, str]:
 
 async def _run(
     command: str, cwd: str, env: dict[str, str], seconds: float, max_chars: int
-) -> _Outcome:
+) -> _Finished:
     # One pipe serves as both stdout and stderr so their writes interleave exactly
     # as a terminal would show them; reading it ourselves lets us stop reading
     # should something still hold the other end.
@@ -158,7 +158,7 @@ async def _run(
         # call: the next call may run on another worker, and leftovers would leak.
         await _stop(proc)
         await _drain(reader)
-    return _Outcome(output=sink.text(), returncode=proc.returncode, timed_out=timed_out)
+    return _Finished(output=sink.text(), returncode=proc.returncode, timed_out=timed_out)
 
 
 async def _send_env(proc: asyncio.subprocess.Process, env: dict[str, str]) -> None:

@@ -43,7 +43,7 @@ class _Common(ABC):
     """A policy around each tool the server lists, as offered (say `requires_approval`
     for some of them); None: the tools as they are."""
 
-    def _settle(
+    def _set_options(
         self,
         name: str | None,
         relay: Sequence[str],
@@ -112,7 +112,7 @@ class MCPServerHTTP(_Common):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ToolkitError(f"MCP server URL must start with http:// or https://, not {url!r}")
         _set(self, url=url, headers=tuple(sorted((headers or {}).items())))
-        self._settle(name, relay, connect_timeout, call_timeout, wrap, resend)
+        self._set_options(name, relay, connect_timeout, call_timeout, wrap, resend)
 
     @property
     def where(self) -> str:
@@ -160,7 +160,7 @@ class MCPServerStdio(_Common):
             raise ToolkitError(f"MCP server command must be a program, not {command!r}")
         _set(self, command=command, args=tuple(args), env=tuple(sorted((env or {}).items())))
         _set(self, cwd=None if cwd is None else str(cwd))
-        self._settle(name, relay, connect_timeout, call_timeout, wrap, resend)
+        self._set_options(name, relay, connect_timeout, call_timeout, wrap, resend)
 
     @property
     def where(self) -> str:

@@ -125,7 +125,7 @@ class Announcer:
             try:
                 self._client.publish(self.channel, encode(run_ids))
             except Exception as exc:  # held for the next try; a waiter's poll is the last resort
-                self._settle(failed=run_ids)
+                self._published(failed=run_ids)
                 if not self._failing:
                     self._failing = True
                     log.warning(
@@ -138,12 +138,12 @@ class Announcer:
                         self._changed.notify_all()
                     return
                 continue
-            self._settle(failed=())
+            self._published(failed=())
             if self._failing:
                 self._failing = False
                 log.info("announcing runs again")
 
-    def _settle(self, failed: Sequence[str]) -> None:
+    def _published(self, failed: Sequence[str]) -> None:
         with self._changed:
             self._pending[:0] = failed
             self._hold(())

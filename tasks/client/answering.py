@@ -1,4 +1,4 @@
-"""A host's answers and decisions (`DurableClient.submit_answer`, `submit_many`,
+"""A client's answers and decisions (`DurableClient.submit_answer`, `submit_many`,
 `decide_many`): parsed and checked, taken by the store, told to the hooks, and their
 messages sent. (A worker then applies each: `tasks.runner.turn.answers`.)"""
 

@@ -1,4 +1,4 @@
-"""`DurableClient`: the host's side of durable runs.
+"""`DurableClient`: the client's side of durable runs.
 
 It writes to the store and sends task messages; workers in other processes
 (or machines) run the turns. Results are the same `RunResult`s the
@@ -143,7 +143,7 @@ class DurableClient:
         those that take long on any store (`tasks.storeio`)."""
         self._app: Celery | None = None
         self.hooks: Hooks
-        """What watches this host's sends and decisions (`tasks.hooks`): relayq's traces and
+        """What watches this client's sends and decisions (`tasks.hooks`): relayq's traces and
         the hooks `RELAYQ_HOOKS` names; an eager client's runtime's, which see its turns too."""
         self._dispatch: Dispatch
         """Where the messages of this client's changes go: to the broker, or run here."""
@@ -319,7 +319,7 @@ class DurableClient:
 
     async def settled(self, run_id: str, *, timeout: float | None = None) -> None:
         """Return once the run is done, pending, failed or cancelled, reading nothing else:
-        for a host following many runs, that reads them all together when one moves."""
+        for a client following many runs, that reads them all together when one moves."""
         await self._waits.until_settled(run_id, timeout)
 
     async def run(
@@ -331,7 +331,7 @@ class DurableClient:
         timeout: float | None = None,
         budget: Budget | None = None,
     ) -> RunResult:
-        """Start a run and wait until it is done or waits on the host."""
+        """Start a run and wait until it is done or waits on a request."""
         since = self._waits.listening()
         run_id = await self.start(agent, prompt, conversation_id=conversation_id, budget=budget)
         return await self._follow(run_id, timeout, since)

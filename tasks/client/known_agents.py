@@ -1,4 +1,4 @@
-"""The agents a host knows by name, to start their runs on their own queues."""
+"""The agents a client knows by name, to start their runs on their own queues."""
 
 from __future__ import annotations
 

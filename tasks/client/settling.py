@@ -1,4 +1,4 @@
-"""How a host's `DurableClient` waits for its runs to settle: done, pending, failed or
+"""How a `DurableClient` waits for its runs to settle: done, pending, failed or
 cancelled.
 
 Pushed, a client's waits are served by one `RunWaiter` per event loop, woken by the

@@ -1,4 +1,4 @@
-"""A host's starts (`DurableClient.start`, `start_many`, `start_batch`): the prompts
+"""A client's starts (`DurableClient.start`, `start_many`, `start_batch`): the prompts
 checked, the runs written, and their first turns' messages sent.
 
 Each verb's options become one `RunSpec` (`Starting.spec`), passed whole to the store."""

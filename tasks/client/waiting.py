@@ -1,4 +1,4 @@
-"""A host waiting on runs: woken by the workers' announcements, not by polling each run.
+"""A client waiting on runs: woken by the workers' announcements, not by polling each run.
 
 One `RunWaiter` per client and event loop serves every run waited on there:
 
@@ -12,7 +12,7 @@ One `RunWaiter` per client and event loop serves every run waited on there:
   worker could not send, never strands a waiter.
 
 A run settled before its waiter arrived is found by the first read, which
-every new wait asks for, unless the host was listening since before it last
+every new wait asks for, unless the client was listening since before it last
 changed the run and has not heard it announced since (the waiter remembers the
 10,000 runs announced last). A wait that times out reads its run once more first:
 it raises `WaitTimeout` only for a run still unsettled then.

@@ -1,4 +1,6 @@
-"""`relayq.submit_answer`: an accepted answer goes into the transcript and the run is re-queued."""
+"""The answer task (`relayq.submit_answer` on the wire, `apply_answer_task` here): an answer
+the client accepted (`DurableClient.submit_answer`) goes into the transcript, and the run
+is queued again."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from tasks.hooks import AnswerApplied, AnswerApplying
 from tasks.runner.process import current_runtime
 from tasks.runner.runtime import Runtime
 
-__all__ = ["apply_answer", "submit_answer"]
+__all__ = ["apply_answer", "apply_answer_task"]
 
 
 async def apply_answer(rt: Runtime, request_id: str) -> str:
@@ -33,7 +35,7 @@ async def apply_answer(rt: Runtime, request_id: str) -> str:
 
 
 @shared_task(name=ANSWER_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
-def submit_answer(self: Task, request_id: str) -> str:
+def apply_answer_task(self: Task, request_id: str) -> str:
     """Apply the stored answer of `request_id`; a second delivery finds it applied and stops."""
     rt = current_runtime(self.app)
     return rt.loop.wait(apply_answer(rt, request_id))

@@ -9,7 +9,7 @@ from relayq.budgets import Budget, Spent, next_call, overrun
 from relayq.pricing import cost_of
 from store import Claim
 from store.budgets import Gate, budget_gate
-from tasks.deliveries import Outcome
+from tasks.deliveries import Delivered
 from tasks.hooks import TurnOutcome
 from tasks.runner.runtime import Runtime
 
@@ -34,8 +34,8 @@ async def check_budget(rt: Runtime, claim: Claim, agent: Agent) -> Gate:
     )
 
 
-def stopped_by_budget(gate: Gate) -> Outcome:
+def stopped_by_budget(gate: Gate) -> Delivered:
     """What a turn its gate stopped comes to: the run over budget, or pending on a budget
     request (its own, or its batch's)."""
     kind = TurnOutcome.OVER_BUDGET if gate.verdict == "ended" else TurnOutcome.PENDING
-    return Outcome(kind, f"{kind.value}: {gate.detail}")
+    return Delivered(kind, f"{kind.value}: {gate.detail}")

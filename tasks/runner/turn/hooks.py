@@ -16,7 +16,7 @@ from relayq.model import Model
 from relayq.pricing import cost_of
 from relayq.ratelimit import Throttled
 from store import Claim
-from tasks.deliveries import Outcome
+from tasks.deliveries import Delivered
 from tasks.hooks import (
     RATE_LIMITED,
     ModelCalled,
@@ -49,7 +49,7 @@ class TurnReport:
         self.task_id = task_id
         self.traceparent = traceparent
         self.claim = claim
-        self.outcome: Outcome | None = None
+        self.outcome: Delivered | None = None
         """What the turn came to (None: it raised)."""
         self.error: str | None = None
         """The type of the error the turn met, raised or dealt with (the store gone away)."""

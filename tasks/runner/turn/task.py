@@ -52,7 +52,7 @@ from store import (
 from store.budgets import Gate
 from store.outbox import TURN_TASK
 from tasks.broker.limiter import limited_model
-from tasks.deliveries import Outcome, TaskRef
+from tasks.deliveries import Delivered, TaskRef
 from tasks.hooks import TurnOutcome
 from tasks.runner.alone import AloneError, ProcessDied
 from tasks.runner.process import current_runtime
@@ -71,7 +71,7 @@ from tasks.runner.turn.waits import (
 from tasks.settings import Settings
 
 __all__ = [
-    "Outcome",
+    "Delivered",
     "TaskRef",
     "TurnFailed",
     "drive_turn",
@@ -99,7 +99,7 @@ def run_turn(self: Task, run_id: str, version: int) -> str:
     return outcome.summary
 
 
-async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> Outcome:
+async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -> Delivered:
     """Run one turn; returns what happened.
 
     The store may go away under it. The claim is asked for until the store answers
@@ -119,7 +119,7 @@ async def drive_turn(rt: Runtime, task: TaskRef | None, run_id: str, version: in
     with rt.working.on(run_id):
         claim = await _claim(rt, task, run_id, version)
         if claim is None:
-            return Outcome(TurnOutcome.SKIPPED, "skipped: stale or duplicate message")
+            return Delivered(TurnOutcome.SKIPPED, "skipped: stale or duplicate message")
         with rt.doing(f"a turn of run {run_id} (agent {claim.agent})"):
             if _runs_apart(rt, claim):
                 outcome = await _apart(rt, task, claim)
@@ -144,7 +144,7 @@ def _runs_apart(rt: Runtime, claim: Claim) -> bool:
     return claim.suspect and rt.alone is not None and claim.crashes < rt.settings.turns.crash_limit
 
 
-async def _apart(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
+async def _apart(rt: Runtime, task: TaskRef | None, claim: Claim) -> Delivered:
     """The turn, run alone in a child process (`tasks.runner.alone`, `turn_alone`) under this
     worker's claim; a death of that process is counted against the turn."""
     assert rt.alone is not None
@@ -158,12 +158,12 @@ async def _apart(rt: Runtime, task: TaskRef | None, claim: Claim) -> Outcome:
         raise TurnFailed(claim.run_id, reply["failed"])
     if "error" in reply:
         raise AloneError(claim.run_id, reply["error"])
-    return Outcome.from_wire(reply)
+    return Delivered.from_wire(reply)
 
 
 async def turn_alone(rt: Runtime, job: dict[str, Any]) -> dict[str, Any]:
     """In the child process (`workers.alone`): the turn `job` names, under the claim its
-    worker holds; what came of it as JSON (`Outcome.wire`), or the run's failure."""
+    worker holds; what came of it as JSON (`Delivered.wire`), or the run's failure."""
     claim = Claim(**job["claim"])
     try:
         with rt.doing(f"a turn of run {claim.run_id} (agent {claim.agent}), alone"):
@@ -180,7 +180,7 @@ async def turn_alone(rt: Runtime, job: dict[str, Any]) -> dict[str, Any]:
 
 async def _claimed(
     rt: Runtime, claim: Claim, *, task_id: str | None, traceparent: str | None
-) -> Outcome:
+) -> Delivered:
     """The turn, once claimed: its outcome, the retry to send (if any) in it."""
     async with TurnReport(rt, claim, task_id=task_id, traceparent=traceparent) as report:
         try:
@@ -366,23 +366,23 @@ async def _finish(
     )
 
 
-async def _send_next(rt: Runtime, claim: Claim, turn: Turn, outbox: list[OutboxRow]) -> Outcome:
+async def _send_next(rt: Runtime, claim: Claim, turn: Turn, outbox: list[OutboxRow]) -> Delivered:
     """Send the messages the finished turn left in the outbox (the next turn's, if any)."""
     if turn.status == "next":
         # The next turn's message claims the run at the version this one leaves it at.
         rt.transcripts.keep(claim.run_id, claim.version + 1, turn.messages)
     await rt.dispatch(outbox)
-    return Outcome(TurnOutcome(turn.status), turn.status, turn=turn)
+    return Delivered(TurnOutcome(turn.status), turn.status, turn=turn)
 
 
-async def _outcome_of_error(rt: Runtime, claim: Claim, exc: Exception) -> Outcome:
+async def _outcome_of_error(rt: Runtime, claim: Claim, exc: Exception) -> Delivered:
     """What an error in the turn makes of it: skipped, cancelled, waiting or retried; any
     other error fails the run (raises `TurnFailed`)."""
     if isinstance(exc, StaleClaim):
-        return Outcome(TurnOutcome.SKIPPED, "skipped: lost the claim")
+        return Delivered(TurnOutcome.SKIPPED, "skipped: lost the claim")
     if isinstance(exc, RunCancelled):
         await rt.io(finish_cancelled, rt.db, claim)
-        return Outcome(TurnOutcome.CANCELLED, "cancelled")
+        return Delivered(TurnOutcome.CANCELLED, "cancelled")
     if isinstance(exc, Throttled):
         return await wait_for_capacity(rt, claim, exc)
     if isinstance(exc, ModelError | TimeoutError):

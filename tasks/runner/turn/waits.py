@@ -6,7 +6,7 @@
 - `wait_for_capacity`: the provider's shared limits keep the turn back; no try counted;
 - `give_back`: the store failed under the turn; no try counted, no error stored.
 
-Each stores the run's new state and returns an `Outcome` holding the message to send
+Each stores the run's new state and returns an `Delivered` holding the message to send
 again; `resend` sends it after the outcome's countdown.
 """
 
@@ -21,7 +21,7 @@ from relayq.ratelimit import Throttled
 from relayq.retry import backoff
 from store import Claim, StaleClaim, StoreUnavailable, requeue_turn, retry_turn
 from tasks.broker.circuit import circuit_for, since_text
-from tasks.deliveries import Outcome, TaskRef
+from tasks.deliveries import Delivered, TaskRef
 from tasks.hooks import TurnOutcome
 from tasks.runner.alone import ProcessDied
 from tasks.runner.runtime import Runtime
@@ -41,7 +41,7 @@ __all__ = [
 log = logging.getLogger("tasks.runner.turn.task")
 
 
-async def retry_or_fail(rt: Runtime, claim: Claim, exc: ModelError | TimeoutError) -> Outcome:
+async def retry_or_fail(rt: Runtime, claim: Claim, exc: ModelError | TimeoutError) -> Delivered:
     """Send the turn again after a backoff, or fail the run: the error is not retryable,
     or the agent's retries are spent (raises `TurnFailed`)."""
     if isinstance(exc, ProviderDown):
@@ -61,17 +61,17 @@ async def retry_or_fail(rt: Runtime, claim: Claim, exc: ModelError | TimeoutErro
     queue = agent.queue if agent is not None else None
     row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown, queue=queue)
     summary = f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}"
-    return Outcome(TurnOutcome.RETRY, summary, countdown, resend=row)
+    return Delivered(TurnOutcome.RETRY, summary, countdown, resend=row)
 
 
-async def give_back(rt: Runtime, claim: Claim, exc: StoreUnavailable) -> Outcome:
+async def give_back(rt: Runtime, claim: Claim, exc: StoreUnavailable) -> Delivered:
     """The store failed under the turn: once it answers again, the run goes back to its
     queue, with no try counted and no error stored."""
     log.warning("run %s: %s; the turn is given back once the store answers", claim.run_id, exc)
     return await _back(rt, claim, f"given back: the store was unavailable ({exc.reason})")
 
 
-async def back_after_death(rt: Runtime, claim: Claim, died: ProcessDied, where: str) -> Outcome:
+async def back_after_death(rt: Runtime, claim: Claim, died: ProcessDied, where: str) -> Delivered:
     """The process that ran the turn `where` alone died (`tasks.runner.alone`): the run goes back
     to its queue at once, the death counted against the turn."""
     log.error(
@@ -85,7 +85,7 @@ async def back_after_death(rt: Runtime, claim: Claim, died: ProcessDied, where: 
     return await _back(rt, claim, f"given back: {died}", died=True)
 
 
-async def _back(rt: Runtime, claim: Claim, summary: str, *, died: bool = False) -> Outcome:
+async def _back(rt: Runtime, claim: Claim, summary: str, *, died: bool = False) -> Delivered:
     """The run back in its queue, once the store answers, to be sent again at once."""
     try:
         row = await rt.patiently(
@@ -94,15 +94,15 @@ async def _back(rt: Runtime, claim: Claim, summary: str, *, died: bool = False) 
     except StaleClaim:
         # The turn's last write went through after all (its answer was lost), or the
         # sweeper freed the run meanwhile: its next message is on its way.
-        return Outcome(TurnOutcome.SKIPPED, "skipped: lost the claim")
-    return Outcome(TurnOutcome.GIVEN_BACK, summary, 0.0, resend=row)
+        return Delivered(TurnOutcome.SKIPPED, "skipped: lost the claim")
+    return Delivered(TurnOutcome.GIVEN_BACK, summary, 0.0, resend=row)
 
 
 # -- provider circuits: a turn whose provider is down goes back to its queue without spending
 # a try, until the circuit closes (it is woken then) or RELAYQ_PROVIDER_OUTAGE_LIMIT. -------
 
 
-async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Outcome:
+async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Delivered:
     """Send the turn again once its provider may answer; fail the run (raises `TurnFailed`)
     once it has waited RELAYQ_PROVIDER_OUTAGE_LIMIT."""
     circuit = circuit_for(rt.settings)
@@ -128,7 +128,7 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Out
     row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
     if wait is None or not await circuit.still_waiting(exc.key, claim.run_id):
         countdown = 0.0  # closed (and its runs woken) while this turn went back
-    return Outcome(
+    return Delivered(
         TurnOutcome.WAITING,
         f"waiting on provider {exc.provider} since {since_text(exc.opened_at)}: "
         f"again in {countdown:.1f} s",
@@ -141,15 +141,15 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Out
 # in place goes back to its queue; no failed try is counted, no error stored. --------------
 
 
-async def wait_for_capacity(rt: Runtime, claim: Claim, exc: Throttled) -> Outcome:
+async def wait_for_capacity(rt: Runtime, claim: Claim, exc: Throttled) -> Delivered:
     """Send the turn again when its provider's limits may let it through."""
     countdown = min(exc.retry_in, MAX_COUNTDOWN)
     row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
     summary = f"waiting for {exc.provider} ({exc.reason}): again in {countdown:.1f} s"
-    return Outcome(TurnOutcome.WAITING, summary, countdown, resend=row)
+    return Delivered(TurnOutcome.WAITING, summary, countdown, resend=row)
 
 
-async def resend(rt: Runtime, task: TaskRef | None, outcome: Outcome) -> None:
+async def resend(rt: Runtime, task: TaskRef | None, outcome: Delivered) -> None:
     """Send the turn again after the outcome's backoff, if it says to: as a retry of the
     same task on a worker."""
     row, countdown = outcome.resend, outcome.retry_in or 0.0

@@ -1,4 +1,4 @@
-"""`relayq run`'s own checks (`cli.host`): a bad budget is refused in one line, before any
+"""`relayq run`'s own checks (`cli.runs`): a bad budget is refused in one line, before any
 store or broker is reached."""
 
 from __future__ import annotations
