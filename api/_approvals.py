@@ -22,7 +22,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
 
 from api._answers import stored_request
 from api._auth import Answerer, Principal, Reader
@@ -31,6 +30,7 @@ from api._limits import Keepable
 from api._state import client_of
 from relayq import Answer, BulkRefused, NotAnApproval, ResumeError
 from relayq.approvals import approve, decline, edit
+from relayq.wire import CamelModel
 from store import AuditQuery, Decider, StoredRequest, decisions_of, list_decisions
 from store.answers import MAX_BULK
 from store.models import DecisionRow
@@ -70,12 +70,8 @@ class DecisionBody(BaseModel):
         return decline(request_id, self.reason or "")
 
 
-class DecisionOut(BaseModel):
+class DecisionOut(CamelModel):
     """One row of the audit trail."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
-    )
 
     id: int
     request_id: str
@@ -117,11 +113,7 @@ class DecisionOut(BaseModel):
         )
 
 
-class AuditPage(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
-    )
-
+class AuditPage(CamelModel):
     items: list[DecisionOut]
     next_cursor: str | None
     """Pass as `cursor` for the next (older) page; null on the last."""
@@ -157,11 +149,7 @@ class BulkBody(BaseModel):
         return self
 
 
-class BulkDone(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
-    )
-
+class BulkDone(CamelModel):
     decided: list[str]
     """Every request named: each took the decision (as a vote, where a quorum needs more)."""
     resumed: list[str]

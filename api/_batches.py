@@ -20,7 +20,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
 
 from api._auth import Reader, Submitter
 from api._errors import refusals
@@ -28,6 +27,7 @@ from api._limits import Keepable
 from api._state import client_of
 from relayq import Budget
 from relayq.agents import get_agent
+from relayq.wire import CamelModel
 from store import batch_results, batch_status, cancel_batch, list_batches, result_of
 
 __all__ = ["MAX_JOBS", "NewBatch", "router"]
@@ -45,8 +45,8 @@ class NewJob(BaseModel):
     prompt: str = Field(min_length=1)
 
 
-class NewBatch(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True)
+class NewBatch(CamelModel):
+    model_config = ConfigDict(extra="forbid")
 
     agent: Keepable = Field(min_length=1)
     jobs: list[NewJob] = Field(min_length=1, max_length=MAX_JOBS)

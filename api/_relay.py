@@ -20,13 +20,13 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, StrictBool
 
 from api._auth import Host, Principal, forbidden_tools
 from api._errors import refusals
 from api._limits import Keepable
 from api._state import client_of, closing
+from relayq.wire import CamelModel
 from store.audit import Decider
 from store.leases import Lease
 from tasks.observability.metrics import hosts_waiting
@@ -44,13 +44,11 @@ MAX_LEASES = 100
 LeaseId = Annotated[str, Path(max_length=100, pattern=r"^lease_[0-9a-f]{32}$")]
 
 
-class _Camel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True, extra="forbid"
-    )
+class _Strict(CamelModel):
+    model_config = ConfigDict(extra="forbid")
 
 
-class LeaseAsk(_Camel):
+class LeaseAsk(_Strict):
     """What a host asks for: calls of these tools, at most `max`, waiting up to `wait` s."""
 
     tools: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
@@ -61,7 +59,7 @@ class LeaseAsk(_Camel):
     lease_seconds: float = Field(default=60.0, ge=1.0, le=3600.0)
 
 
-class LeaseOut(_Camel):
+class LeaseOut(_Strict):
     """One leased call."""
 
     lease_id: str
@@ -79,22 +77,22 @@ class LeaseOut(_Camel):
         return cls.model_validate(lease, from_attributes=True)
 
 
-class LeasePage(_Camel):
+class LeasePage(_Strict):
     leases: list[LeaseOut]
 
 
-class Expiry(_Camel):
+class Expiry(_Strict):
     expires_at: datetime
 
 
-class ResultBody(_Camel):
+class ResultBody(_Strict):
     """The leased call's result."""
 
     output: Keepable
     is_error: StrictBool = False
 
 
-class Recorded(_Camel):
+class Recorded(_Strict):
     run_id: str
 
 

@@ -10,7 +10,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 
 from api._answers import AnswerBody, answer_request, stored_request
 from api._approvals import decider_of
@@ -21,6 +20,7 @@ from api._limits import Keepable
 from api._state import client_of
 from relayq import Budget, RunResult
 from relayq.agents import get_agent
+from relayq.wire import CamelModel
 from store import BadQuery, RequestPage, RequestQuery, StoredRequest
 from store.paging import DEFAULT_PAGE, MAX_PAGE
 from store.queries import RunSummary
@@ -32,14 +32,8 @@ __all__ = ["router"]
 RunStatusQuery = RunStatus
 
 
-class _Camel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
-    )
-
-
-class NewRun(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True)
+class NewRun(CamelModel):
+    model_config = ConfigDict(extra="forbid")
 
     agent: Keepable = Field(min_length=1)
     """A registered agent's name."""
@@ -56,7 +50,7 @@ class Created(BaseModel):
     id: str
 
 
-class Cancelled(_Camel):
+class Cancelled(CamelModel):
     id: str
     status: str
     """`cancelled`, a finished status, or `running` until the run's next boundary."""

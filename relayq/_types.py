@@ -12,14 +12,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     model_serializer,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+
+from relayq.wire import CamelModel
 
 __all__ = [
     "Answer",
@@ -43,14 +43,8 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class WireModel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        frozen=True,
-    )
+class WireModel(CamelModel):
+    model_config = ConfigDict(frozen=True)
 
 
 class Request(WireModel):

@@ -7,14 +7,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
 from sqlalchemy import ColumnElement, and_, bindparam, case, exists, false, true
 from sqlalchemy import select as sa_select
 from sqlmodel import col, func, select
 
 from relayq import RunResult
 from relayq import transcript as tx
+from relayq.wire import CamelModel
 from store.db import Database
 from store.errors import UnknownRun
 from store.messages import conversation
@@ -40,12 +39,8 @@ _REQUESTS = RequestRow.__table__  # type: ignore[attr-defined]
 _MESSAGES = MessageRow.__table__  # type: ignore[attr-defined]
 
 
-class RunSummary(BaseModel):
+class RunSummary(CamelModel):
     """A run without its transcript, as `GET /api/runs` and `relayq runs --json` show it."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True
-    )
 
     id: str
     agent: str

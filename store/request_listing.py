@@ -9,14 +9,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict
 from sqlalchemy import ColumnElement, String, Table, cast, exists, func, literal, or_, tuple_
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import select
 from sqlmodel.sql.expression import SelectOfScalar
 
+from relayq.wire import CamelModel
 from store.db import Database
 from store.models import RequestRow
 from store.paging import DEFAULT_PAGE, MAX_PAGE, BadQuery, Page, decode_cursor, encode_cursor
@@ -106,10 +106,10 @@ class RequestQuery:
         return replace(self, created_before=before, created_after=after)
 
 
-class RequestPage(BaseModel):
+class RequestPage(CamelModel):
     """A page of requests as the HTTP API and `relayq pending --json` show it."""
 
-    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     items: list[StoredRequest]
     total: int

@@ -7,12 +7,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
 from sqlmodel import Session, col, select
 
 from relayq import Answer, Request
 from relayq.relay import RELAY_KIND
+from relayq.wire import CamelModel
 from store.models import RelayCallRow, RequestRow, utcnow
 
 __all__ = [
@@ -25,10 +25,10 @@ __all__ = [
 ]
 
 
-class CallHold(BaseModel):
+class CallHold(CamelModel):
     """A relay call a host holds now (`store.leases`): who, until when, which try."""
 
-    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     call_id: str
     host: str
@@ -38,10 +38,10 @@ class CallHold(BaseModel):
     attempt: int
 
 
-class StoredRequest(BaseModel):
+class StoredRequest(CamelModel):
     """A request as the store keeps it: the wire Request plus who, when and what became of it."""
 
-    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     request: Request
     run_id: str
