@@ -174,13 +174,15 @@ async def test_max_tokens_counts_every_reply_at_its_most(limiter):
 async def test_a_caller_cancelled_while_it_waits_for_its_moment_frees_its_slot(
     private_redis, prefix, limiter
 ):
-    # Given one call a second, at most one in flight, and a first call made
-    both = limits(requests_per_minute=60, max_in_flight=1)
+    # Given one call in ten seconds (long enough that a loaded machine still finds the second
+    # caller asleep: at one a second a full suite once found it done), at most one in
+    # flight, and a first call made
+    both = limits(requests_per_minute=6, max_in_flight=1)
     first = await limiter.acquire(both, prompt_tokens=1, max_wait=1)
     await limiter.release(first, used=None)
 
     # When the second caller, holding the slot while it sleeps to its moment, is cancelled
-    waiting = asyncio.create_task(limiter.acquire(both, prompt_tokens=1, max_wait=5))
+    waiting = asyncio.create_task(limiter.acquire(both, prompt_tokens=1, max_wait=20))
     inflight = f"{prefix}limits:{{p}}:inflight"
     conn = private_redis.client()
     while not conn.zcard(inflight):  # noqa: ASYNC110 (another process's view of Redis)
