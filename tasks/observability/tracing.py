@@ -241,16 +241,24 @@ def _contexts(
         if fresh:
             agents = {r.run_id: r.agent for r in fresh}
             roots = {r.run_id: _root(r.run_id, r.agent, r.batch_id, caller) for r in fresh}
-            kept = keep_trace_contexts(db, roots)
+            kept = keep_trace_contexts(db, {run_id: tp for run_id, (tp, _) in roots.items()})
+            for run_id, (tp, span) in roots.items():
+                # A root another process stored first stays unended, so never exported: a
+                # trace has one root, not an orphan beside it.
+                if kept.get(run_id) == tp:
+                    span.end()
             found.update({run_id: _Run(agents[run_id], tp) for run_id, tp in kept.items()})
     for run_id, run in found.items():
         _remembered.put(run_id, run.traceparent)
     return found
 
 
-def _root(run_id: str, agent: str, batch_id: str | None, caller: SpanContext | None) -> str:
-    """A new trace for the run: its `relayq.run` span, linked to `caller`. (Passed in: this
-    runs on a store thread, where the host's current span is not current.)"""
+def _root(
+    run_id: str, agent: str, batch_id: str | None, caller: SpanContext | None
+) -> tuple[str, Span]:
+    """A new trace for the run: its `relayq.run` span, linked to `caller`, not yet ended
+    (ended once the store keeps it). (Passed in: this runs on a store thread, where the
+    host's current span is not current.)"""
     attributes = {"relayq.run_id": run_id, "relayq.agent": agent}
     if batch_id:
         attributes["relayq.batch_id"] = batch_id
@@ -261,8 +269,7 @@ def _root(run_id: str, agent: str, batch_id: str | None, caller: SpanContext | N
         attributes=attributes,
         links=[trace.Link(caller)] if caller is not None and caller.is_valid else None,
     )
-    span.end()
-    return _traceparent(span) or ""
+    return _traceparent(span) or "", span
 
 
 # -- the hook: the host's sends and decisions, the worker's turns, model calls and resumes -------

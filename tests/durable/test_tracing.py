@@ -20,7 +20,7 @@ from sqlmodel import select
 from relayq import Agent, Answer, Request
 from relayq.providers import ProviderModel
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
-from store import Database, RunRow
+from store import Database, RunRow, RunSpec, create_run
 from tasks import DurableClient, Settings
 from tasks.observability import tracing
 from tests import forkserver
@@ -282,6 +282,35 @@ async def test_a_run_on_a_real_worker_is_one_trace_carried_by_the_store_and_the_
     assert {h["traceparent"] for h in headers} == {traceparent}
     # ... and nothing of the prompt or the answer went into a span
     assert_nothing_secret(trace, prompt, SECRET_OUTPUT, API_KEY)
+
+
+def test_a_root_another_process_stored_first_is_never_exported(
+    eager: DurableClient, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+):
+    # Given a queued run with no trace yet, and another process (a worker's sweep resending
+    # its first turn) storing the run's trace just before this one does
+    run_id = f"run_{uuid.uuid4().hex}"
+    create_run(eager.db, RunSpec(agent="metered"), run_id=run_id, prompt="hello")
+    theirs = f"00-{'a' * 32}-{'b' * 16}-01"
+    keep = tracing.keep_trace_contexts
+
+    def after_theirs(db: Database, contexts: dict[str, str]) -> dict[str, str]:
+        keep(db, {run_id: theirs})
+        return keep(db, contexts)
+
+    monkeypatch.setattr(tracing, "keep_trace_contexts", after_theirs)
+
+    # When this process gives the run its trace
+    found = tracing._contexts(eager.db, [run_id])
+
+    # Then the run's trace is theirs, and the root this process began is not exported
+    assert found[run_id].traceparent == theirs
+    roots = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "relayq.run" and (s.attributes or {}).get("relayq.run_id") == run_id
+    ]
+    assert roots == []
 
 
 def as_dicts(spans: list[ReadableSpan]) -> list[dict[str, Any]]:
