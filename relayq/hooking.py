@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 __all__ = ["Emitter", "HookEvent"]
@@ -43,7 +43,7 @@ class HookEvent:
         if hook is None:
             # A dataclass with slots remakes its class, without the keyword: the name is
             # already on it.
-            if "hook" not in vars(cls) and not hasattr(cls, "hook"):
+            if not hasattr(cls, "hook"):
                 raise TypeError(f"{cls.__name__} names no hook method (hook=Hooks.method)")
             return
         name = getattr(hook, "__name__", "")
@@ -78,12 +78,6 @@ class Emitter(Generic[H]):
             method: tuple(h for h in self._hooks if self._overrides(h, method))
             for method in self._methods
         }
-
-    def __iter__(self) -> Iterator[H]:
-        return iter(tuple(self._hooks))
-
-    def __len__(self) -> int:
-        return len(self._hooks)
 
     def _overrides(self, hook: H, method: str) -> bool:
         return getattr(type(hook), method) is not getattr(self.base, method)

@@ -604,8 +604,7 @@ class DurableClient:
         self.close()
 
     async def __aenter__(self) -> DurableClient:
-        if not self._is_open():
-            await self.store.offload(self.open)  # the seam opens it first, on a thread
+        await self.store.offload(self._is_open)  # the seam opens the store first, on a thread
         return self
 
     async def __aexit__(self, *exc: object) -> None:
