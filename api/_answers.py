@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 
 from api._errors import http_error
 from relayq import Answer, ResumeError
-from relayq.approvals import approve, is_approval
-from relayq.relay import RelayResult, relay_answer, relay_calls_of
-from store import Decider, StoredRequest, get_request
+from relayq.approvals import is_approval
+from relayq.relay import RelayResult, relay_calls_of
+from relayq.replies import Data, Decided, Declined, Reply, Results, answer_to
+from store import Decider, StoredRequest
 from tasks import DurableClient
 
 __all__ = ["AnswerBody", "answer_request", "approval", "stored_request"]
@@ -67,22 +68,23 @@ class AnswerBody(BaseModel):
         return self
 
     def answer(self, request_id: str) -> Answer:
-        """The wire Answer, through the one strict parser."""
+        """The wire Answer (`relayq.replies.answer_to`)."""
+        return answer_to(request_id, self.reply())
+
+    def reply(self) -> Reply:
         if not self.ok:
-            wire: dict[str, Any] = {"ok": False, "reason": self.reason or "declined"}
-        elif self.results is not None:
-            wire = relay_answer(request_id, self.results).model_dump(mode="json")
-        elif self.output is not None:
-            wire = {"data": {"output": self.output}}
-        else:
-            wire = {"data": self.data}
-        return Answer.model_validate({**wire, "id": request_id})
+            return Declined(self.reason or "declined")
+        if self.results is not None:
+            return Results(self.results)
+        if self.output is not None:
+            return Data({"output": self.output})
+        return Data(self.data or {})
 
 
 async def stored_request(client: DurableClient, request_id: str) -> StoredRequest:
     """The stored request, or 404."""
     try:
-        return await client.store(get_request, client.db, request_id)
+        return await client.request(request_id)
     except ResumeError as exc:
         raise http_error(exc) from exc
 
@@ -107,9 +109,12 @@ async def answer_request(
 def approval(stored: StoredRequest, output: str) -> Answer:
     """The inbox's approve button: for an approval, the typed decision (never the text);
     else `output` for every call of the request."""
-    if is_approval(stored.request):
-        return approve(stored.request.id)
+    reply: Reply
     calls = relay_calls_of(stored.request)
-    if len(calls) > 1:
-        return relay_answer(stored.request.id, [RelayResult(id=c.id, output=output) for c in calls])
-    return Answer(id=stored.request.id, data={"output": output})
+    if is_approval(stored.request):
+        reply = Decided("approve")
+    elif len(calls) > 1:
+        reply = Results([RelayResult(id=c.id, output=output) for c in calls])
+    else:
+        reply = Data({"output": output})
+    return answer_to(stored.request.id, reply)

@@ -29,9 +29,9 @@ from api._errors import http_error, refusals
 from api._limits import Keepable
 from api._state import client_of
 from relayq import Answer, BulkRefused, NotAnApproval, ResumeError
-from relayq.approvals import approve, decline, edit
+from relayq.replies import Decided, answer_to
 from relayq.wire import CamelModel
-from store import AuditQuery, Decider, StoredRequest, decisions_of, list_decisions
+from store import AuditQuery, Decider, StoredRequest
 from store.answers import MAX_BULK
 from store.models import DecisionRow
 
@@ -53,21 +53,15 @@ class DecisionBody(BaseModel):
 
     @model_validator(mode="after")
     def _fits(self) -> DecisionBody:
-        if (self.arguments is not None) != (self.decision == "edit"):
-            raise ValueError("arguments go with decision 'edit', and only with it")
-        if (self.reason is not None) != (self.decision == "decline"):
-            raise ValueError("a reason goes with decision 'decline', and only with it")
-        if self.decision == "decline" and not (self.reason or "").strip():
-            raise ValueError("declining takes a reason")
+        self.reply()  # what does not go together, a 422 here
         return self
 
+    def reply(self) -> Decided:
+        return Decided(self.decision, self.arguments, self.reason)
+
     def answer(self, request_id: str) -> Answer:
-        if self.decision == "approve":
-            return approve(request_id)
-        if self.decision == "edit":
-            assert self.arguments is not None
-            return edit(request_id, self.arguments)
-        return decline(request_id, self.reason or "")
+        """The wire Answer (`relayq.replies.answer_to`)."""
+        return answer_to(request_id, self.reply())
 
 
 class DecisionOut(CamelModel):
@@ -211,7 +205,7 @@ async def decisions(request_id: str, request: Request, who: Reader) -> list[Deci
     """Every decision and vote on the request, oldest first (404 for an unknown request)."""
     client = client_of(request)
     await stored_request(client, request_id)
-    rows = await client.store(decisions_of, client.db, request_id)
+    rows = await client.store.decisions_of(request_id)
     return [DecisionOut.of(r) for r in rows]
 
 
@@ -239,5 +233,5 @@ async def audit(
         cursor=cursor,
         limit=limit,
     )
-    rows, more = await client.store.offload(list_decisions, client.db, query)
+    rows, more = await client.store.list_decisions(query)
     return AuditPage(items=[DecisionOut.of(r) for r in rows], next_cursor=more)

@@ -28,7 +28,7 @@ from api._state import client_of
 from relayq import Budget
 from relayq.agents import get_agent
 from relayq.wire import CamelModel
-from store import batch_results, batch_status, cancel_batch, list_batches, result_of
+from store import result_of
 
 __all__ = ["MAX_JOBS", "NewBatch", "router"]
 
@@ -94,9 +94,7 @@ async def batches(
 ) -> dict[str, Any]:
     """Batches, newest first; `before`: the last id of the page before."""
     client = client_of(request)
-    found = await client.store.offload(
-        list_batches, client.db, agent=agent, limit=limit, before=before
-    )
+    found = await client.store.list_batches(agent=agent, limit=limit, before=before)
     now = datetime.now(UTC)
     return {"items": [b.to_wire(now) for b in found]}
 
@@ -104,7 +102,7 @@ async def batches(
 @router.get("/batches/{batch_id}", responses=refusals(404))
 async def status(batch_id: str, request: Request, who: Reader) -> dict[str, Any]:
     client = client_of(request)
-    found = await client.store(batch_status, client.db, batch_id)
+    found = await client.store.batch_status(batch_id)
     return found.to_wire(datetime.now(UTC))
 
 
@@ -112,7 +110,7 @@ async def status(batch_id: str, request: Request, who: Reader) -> dict[str, Any]
 async def cancel(batch_id: str, request: Request, who: Submitter) -> dict[str, Any]:
     """Cancel every unfinished run; `cancelled` counts them by the status they were in."""
     client = client_of(request)
-    asked = await client.store(cancel_batch, client.db, batch_id)
+    asked = await client.cancel_batch(batch_id)
     return {"id": batch_id, "cancelled": dict(asked)}
 
 
@@ -128,6 +126,6 @@ _LINES = {
 async def results(batch_id: str, request: Request, who: Reader) -> Response:
     """One JSON line per job, in the input's order: {id, run_id, status, text, error}."""
     client = client_of(request)
-    rows = await client.store.offload(batch_results, client.db, batch_id)
+    rows = await client.store.batch_results(batch_id)
     lines = (json.dumps(result_of(r), ensure_ascii=False) for r in rows)
     return Response("".join(f"{line}\n" for line in lines), media_type="application/x-ndjson")

@@ -32,9 +32,9 @@ from api._inbox_pages import request_context
 from api._inbox_views import fields_of, item_of
 from api._state import client_of
 from relayq import Answer, BulkRefused, ResumeError
-from relayq.approvals import decline, edit
-from store import BadQuery, StoredRequest, get_requests
-from store.answers import MAX_BULK, BulkChoice, bulk_choice
+from relayq.replies import Decided, Declined, answer_to
+from store import BadQuery, StoredRequest
+from store.answers import MAX_BULK, BulkChoice
 
 __all__ = ["PREVIEW_SHOWN", "router"]
 
@@ -100,7 +100,7 @@ async def edit_arguments(
         arguments = _arguments(stored, await request.form())
     except HTTPException as exc:
         return await _refused(request, who, request_id, exc)
-    answer = edit(request_id, arguments)
+    answer = answer_to(request_id, Decided("edit", arguments))
     return await _decide(request, who, answer, "edited", next, decision=True)
 
 
@@ -149,7 +149,9 @@ async def decline_request(
     if not reason.strip():
         refusal = HTTPException(422, "declining takes a reason; nothing was decided")
         return await _refused(request, who, request_id, refusal)
-    return await _decide(request, who, decline(request_id, reason.strip()), "declined", next)
+    return await _decide(
+        request, who, answer_to(request_id, Declined(reason.strip())), "declined", next
+    )
 
 
 # --- many at once: preview, then confirm ---------------------------------------------
@@ -181,11 +183,11 @@ async def bulk_preview(request: Request, who: Answering) -> Response:
         if not ids:
             error = "Select the requests to decide first (or decide all that match the filter)."
             return _bulk_page(request, who, decision, [], filters, status=422, error=error)
-        found = await client.store(get_requests, client.db, ids[:MAX_BULK])
+        found = await client.store.get_requests(ids[:MAX_BULK])
         chosen = [found[i] for i in ids if i in found and found[i].status == "open"]
         return _bulk_page(request, who, decision, chosen, filters)
     query = filters.query(history=False)
-    choice = await client.store.offload(bulk_choice, client.db, query, _decision(decision))
+    choice = await client.store.bulk_choice(query, _decision(decision))
     return _bulk_page(request, who, decision, choice.items, filters, choice=choice)
 
 
@@ -213,7 +215,7 @@ async def bulk_decide(
         error = "this form is not a bulk decision's preview; nothing was decided"
         return _bulk_page(request, who, "approve", [], filters, status=422, error=error)
     if decision == "decline" and not reason.strip():
-        found = await client.store(get_requests, client.db, list(revisions))
+        found = await client.store.get_requests(list(revisions))
         chosen = [found[i] for i in revisions if i in found]
         error = "Declining takes a reason (the model is told it); nothing was decided."
         return _bulk_page(
@@ -227,7 +229,7 @@ async def bulk_decide(
             reason=reason.strip() or None,
         )
     except BulkRefused as exc:
-        found = await client.store(get_requests, client.db, list(revisions))
+        found = await client.store.get_requests(list(revisions))
         chosen = [found[i] for i in revisions if i in found]
         refused = dict(exc.refused)
         error = (

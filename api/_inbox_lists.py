@@ -23,7 +23,7 @@ from api._inbox import page_session, render
 from api._inbox_views import item_of
 from api._state import client_of
 from relayq.agents import registered_agents
-from store import BadQuery, Page, RequestQuery, StoredRequest, query_requests
+from store import BadQuery, Page, RequestQuery, StoredRequest
 from store.answers import MAX_BULK
 from store.paging import DEFAULT_PAGE
 from store.paging import MAX_PAGE as STORE_MAX_PAGE
@@ -148,7 +148,7 @@ def _size(text: str) -> int | None:
 
 async def fetch_page(request: Request, query: RequestQuery) -> Page[StoredRequest]:
     client = client_of(request)
-    return await client.store.offload(query_requests, client.db, query)
+    return await client.query_requests(query)
 
 
 async def _list(request: Request, *, history: bool) -> Response:

@@ -28,7 +28,6 @@ from store import (
     UnknownRun,
     decisions_of,
     get_request,
-    list_batches,
     list_requests,
     proposed_arguments,
     run_view,
@@ -211,6 +210,6 @@ async def batches_page(request: Request) -> Response:
     if not isinstance(who, Principal):
         return who
     client = client_of(request)
-    found = await client.store.offload(list_batches, client.db, limit=BATCHES)
+    found = await client.store.list_batches(limit=BATCHES)
     now = datetime.now(UTC)
     return render(request, who, "batches.html", {"batches": [b.to_wire(now) for b in found]})

@@ -30,10 +30,11 @@ from cli._common import (
 )
 from cli.render import plural
 from relayq import Answer, BulkRefused
-from relayq.approvals import approve, arguments_of, edit, is_approval
+from relayq.approvals import arguments_of, is_approval
 from relayq.relay import relay_calls_of
-from store import AuditQuery, Decider, RequestQuery, list_decisions
-from store.answers import MAX_BULK, BulkChoice, bulk_choice
+from relayq.replies import Decided, answer_to
+from store import AuditQuery, Decider, RequestQuery
+from store.answers import MAX_BULK, BulkChoice
 from store.votes import proposed_arguments
 from tasks.client.client import DurableClient
 
@@ -78,9 +79,9 @@ def decision_answer(
 ) -> Answer:
     """The answer for `--approve` or `--edit`: edits apply over what is proposed now."""
     if approving:
-        return approve(request_id)
+        return answer_to(request_id, Decided("approve"))
     current = proposed_arguments(client.db, request_id)
-    return edit(request_id, {**current, **parse_edits(edits)})
+    return answer_to(request_id, Decided("edit", {**current, **parse_edits(edits)}))
 
 
 def audit(
@@ -116,7 +117,7 @@ def audit(
     )
 
     async def load(client: DurableClient) -> tuple[list[Any], str | None]:
-        return await client.store.offload(list_decisions, client.db, query)
+        return await client.store.list_decisions(query)
 
     rows, more = run_with_client(load)
     out = console()
@@ -199,7 +200,7 @@ def bulk(
 
     async def preview(client: DurableClient) -> BulkChoice:
         # The inbox's "the oldest 1,000 matching" too: one cap, the oldest first.
-        return await client.store.offload(bulk_choice, client.db, query, decision)
+        return await client.store.bulk_choice(query, decision)
 
     choice = run_with_client(preview)
     found = choice.items

@@ -40,7 +40,7 @@ from cli.batch_files import (
 from cli.batch_watch import watch
 from cli.render import plural
 from relayq import new_id
-from store import FINISHED, RunRow, batch_prompts, batch_results, find_batch
+from store import FINISHED, RunRow
 from tasks.client.client import DurableClient
 
 __all__ = ["Job", "batch", "read_jobs", "sidecar_of"]
@@ -170,19 +170,19 @@ async def _batch_named(
 ) -> str:
     """The id of the batch `name` to start or resume: the newest of that name unless `new`.
     Exits naming it where that batch has run every job of the file to its end already."""
-    store, db = client.store, client.db
-    found = None if new else await store.offload(find_batch, db, agent=agent, name=name)
+    store = client.store
+    found = None if new else await store.find_batch(agent=agent, name=name)
     if found is None:
         return new_id("batch")
     batch_id = found.batch.id
-    prompts = await store.offload(batch_prompts, db, batch_id)
+    prompts = await store.batch_prompts(batch_id)
     other = next((job for job in jobs if prompts.get(job.key, job.prompt) != job.prompt), None)
     if other is not None and not restart:
         fail(
             f"batch {name!r} ({batch_id}) ran job {other.key!r} with another prompt: "
             "--name or --new for a batch of its own, --restart-changed to run it anew there"
         )
-    ran = {row.job_id: row.status for row in await store.offload(batch_results, db, batch_id)}
+    ran = {row.job_id: row.status for row in await store.batch_results(batch_id)}
     if other is None and all(ran.get(job.key) in FINISHED for job in jobs):
         statuses = ", ".join(f"{n:,} {s}" for s, n in sorted(Counter(ran.values()).items()))
         every = "its one job" if len(jobs) == 1 else f"all {len(jobs):,} jobs"

@@ -22,14 +22,9 @@ from cli.render import plural
 from relayq import Budget
 from store import (
     BatchStatus,
-    batch_results,
-    batch_status,
-    cancel_batch,
-    list_batches,
     result_of,
 )
 from tasks.broker.circuit import CircuitView, batch_waits, since_text
-from tasks.client.client import DurableClient
 
 __all__ = ["BatchGroup", "batches", "cancel", "export", "status", "status_of"]
 
@@ -59,20 +54,13 @@ def _wait_of(view: CircuitView) -> dict[str, Any]:
     }
 
 
-def _load(work: Any) -> Any:
-    async def call(client: DurableClient) -> Any:
-        return await client.store.offload(work, client.db)
-
-    return run_with_client(call)
-
-
 def batches(
     agent: Annotated[str | None, typer.Option(help="Only this agent's batches.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="Batches to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
 ) -> None:
     """Batches, newest first, with where each stands."""
-    found: list[BatchStatus] = _load(lambda db: list_batches(db, agent=agent, limit=limit))
+    found = run_with_client(lambda client: client.store.list_batches(agent=agent, limit=limit))
     out = console()
     if as_json:
         out.print_json(json.dumps({"items": [status_of(b) for b in found]}))
@@ -111,7 +99,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
     """Where one batch stands: runs by status, open requests, tokens, cost, budget, rate, ETA."""
-    found = status_of(_load(lambda db: batch_status(db, batch_id)))
+    found = status_of(run_with_client(lambda client: client.store.batch_status(batch_id)))
     waits = batch_waits(settings(), batch_id)
     found["waitingOn"] = [_wait_of(view) for view in waits]
     out = console()
@@ -157,7 +145,7 @@ def cancel(
     batch_id: Annotated[str, typer.Argument(help="The batch's id (`relayq batches`).")],
 ) -> None:
     """Cancel every unfinished run of the batch (running ones stop at their next step)."""
-    asked = _load(lambda db: cancel_batch(db, batch_id))
+    asked = run_with_client(lambda client: client.cancel_batch(batch_id))
     done = ", ".join(f"{n} {s}" for s, n in sorted(asked.items())) or "none unfinished"
     cancelled = sum(asked.values())
     console().print(f"batch {batch_id}: cancelled {cancelled} {plural(cancelled, 'run')} ({done})")
@@ -170,7 +158,7 @@ def export(
     ] = None,
 ) -> None:
     """The batch's results as JSON lines in the input's order: {id, run_id, status, text, error}."""
-    rows = _load(lambda db: batch_results(db, batch_id))
+    rows = run_with_client(lambda client: client.store.batch_results(batch_id))
     lines = [json.dumps(result_of(r), ensure_ascii=False) for r in rows]
     text = "".join(f"{line}\n" for line in lines)
     if output is None:

@@ -26,8 +26,9 @@ from cli.approvals import cli_decider, decision_answer
 from cli.render import print_requests
 from relayq import Answer, NotAnApproval
 from relayq.approvals import is_approval
-from relayq.relay import RelayResult, answer_declined, answer_output, relay_answer
-from store import Page, RequestPage, RequestQuery, StoredRequest, get_request
+from relayq.relay import RelayResult
+from relayq.replies import Declined, Output, Results, answer_to
+from store import Page, RequestPage, RequestQuery, StoredRequest
 from store.paging import DEFAULT_PAGE, MAX_PAGE
 from store.requests import STATUSES as STORED_STATUSES
 from store.requests import RequestSort, SortOrder, read_statuses
@@ -194,7 +195,7 @@ def answer(
 
     async def submit(client: DurableClient) -> tuple[str, str, str]:
         deciding = approve or bool(edits)
-        known = await client.store(get_request, client.db, request_id)
+        known = await client.request(request_id)
         if deciding and not is_approval(known.request):
             fail(_answer_it(request_id, known.request.kind))
         if (output is not None or results is not None) and is_approval(known.request):
@@ -204,18 +205,18 @@ def answer(
             reply = decision_answer(client, request_id, approving=approve, edits=edits)
             verb = "approved" if approve else "approved with edits"
         elif output is not None:
-            reply, verb = answer_output(request_id, output), "answered"
+            reply, verb = answer_to(request_id, Output(output)), "answered"
         elif results is not None:
-            reply, verb = relay_answer(request_id, _results_file(results)), "answered"
+            reply, verb = answer_to(request_id, Results(_results_file(results))), "answered"
         else:
-            reply, verb = answer_declined(request_id, decline or "declined"), "declined"
+            reply, verb = answer_to(request_id, Declined(decline or "declined")), "declined"
         try:
             run_id = await client.submit_answer(
                 reply, partial=partial, decider=who, decision=deciding
             )
         except NotAnApproval as exc:
             fail(_answer_it(request_id, exc.kind))
-        stored = await client.store(get_request, client.db, request_id)
+        stored = await client.request(request_id)
         return run_id, stored.status, verb
 
     run_id, status, verb = run_with_client(submit)

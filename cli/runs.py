@@ -32,7 +32,7 @@ from cli._common import (
 from cli.approvals import os_user
 from cli.render import MessagePrinter, age, clip, print_pending, status_style
 from relayq import RunResult
-from store import FINISHED, RunRow, StoredRequest, get_request, get_run, settled
+from store import FINISHED, RunRow, StoredRequest
 from store.queries import RunSummary
 from store.transitions import STATUSES
 from tasks.client.client import DurableClient, WaitTimeout
@@ -98,7 +98,7 @@ async def follow(
     delay = 0.02
     while True:
         # Settled first, then the result: the result is then at least as recent.
-        status, done = await client.store(settled, client.db, run_id)
+        status, done = await client.store.settled(run_id)
         result = await client.result(run_id)
         for message in result.messages[shown:]:
             printer.print(message)
@@ -155,9 +155,9 @@ def show(
     ) -> tuple[RunRow, RunResult, list[StoredRequest], StoredRequest | None]:
         asked = None
         if run_id.startswith("req_"):  # ids say what they name (relayq._types.new_id)
-            asked = await client.store(get_request, client.db, run_id)
+            asked = await client.request(run_id)
         the_run = run_id if asked is None else asked.run_id
-        row = await client.store(get_run, client.db, the_run)
+        row = await client.store.get_run(the_run)
         result = await client.result(the_run)
         requests = await client.requests(None, run_id=the_run, all_pages=True)
         return row, result, list(requests), asked
@@ -220,7 +220,7 @@ def cancel(run_id: Annotated[str, typer.Argument(help="The run's id.")]) -> None
     """Cancel a run: a queued or pending one stops now, a running one at its next step."""
 
     async def stop(client: DurableClient) -> str:
-        before = await client.store(get_run, client.db, run_id)
+        before = await client.store.get_run(run_id)
         if before.status in FINISHED:
             fail(f"run {run_id} is already {before.status}; there is nothing to cancel")
         return await client.cancel(run_id)

@@ -7,6 +7,7 @@ Everything here is plain functions over a `Database`; nothing imports Celery.
 from store.answers import Accepted, accept_answer, accept_many, apply_answer_of, expire_requests
 from store.audit import AuditQuery, Decider, decisions_of, list_decisions
 from store.batches import (
+    BatchCancel,
     BatchStatus,
     JobChanged,
     Started,
@@ -144,6 +145,7 @@ __all__ = [
     "proposed_arguments",
     "votes_of",
     # batches
+    "BatchCancel",
     "BatchStatus",
     "JobChanged",
     "JobExists",

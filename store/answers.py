@@ -90,8 +90,13 @@ def accept_answer(
     partial: bool = False,
     decider: Decider | None = None,
     decision: bool = False,
+    max_bytes: int | None = None,
 ) -> Accepted:
     """Validate `answer` and record it; ResumeError, with nothing changed, if it does not fit.
+
+    What the store cannot keep is refused first (`relayq.limits.check_answer`), an answer
+    over `max_bytes` among it (the caller's `Settings.max_answer_bytes`; by default
+    RELAYQ_MAX_ANSWER_BYTES): this is the one place an answer's size is checked.
 
     `decider` is who answers, as the audit trail keeps it (by default `answered_by`,
     through Python). An approval's answer is that decider's vote (`store.votes`).
@@ -99,7 +104,7 @@ def accept_answer(
     NotAnApproval for a request that is not an approval.
     """
     who = decider or Decider(name=answered_by or "anonymous")
-    check_answer(answer, answered_by=who.name)  # what the store cannot keep, refused first
+    check_answer(answer, answered_by=who.name, max_bytes=max_bytes)
     with db.write() as s:
         return _accept(s, answer, who, partial=partial, now=utcnow(), decision=decision)
 
@@ -170,6 +175,7 @@ def accept_many(
     answers: list[tuple[Answer, int | None]],
     *,
     decider: Decider,
+    max_bytes: int | None = None,
 ) -> list[Accepted]:
     """Accept every answer, or none: one transaction; BulkRefused, with nothing changed,
     naming each request that was refused and why.
@@ -183,7 +189,7 @@ def accept_many(
             "decide them in parts, or narrow the filter"
         )
     for answer, _ in answers:
-        check_answer(answer, answered_by=decider.name)
+        check_answer(answer, answered_by=decider.name, max_bytes=max_bytes)
     refused: list[tuple[str, str]] = []
     accepted: list[Accepted] = []
     now = utcnow()
@@ -274,10 +280,16 @@ def _accept(
 
 
 def accept_in(
-    s: Session, answer: Answer, who: Decider, *, partial: bool, now: datetime
+    s: Session,
+    answer: Answer,
+    who: Decider,
+    *,
+    partial: bool,
+    now: datetime,
+    max_bytes: int | None = None,
 ) -> Accepted:
     """`accept_answer` in the caller's write transaction (a leased call's result)."""
-    check_answer(answer, answered_by=who.name)
+    check_answer(answer, answered_by=who.name, max_bytes=max_bytes)
     return _accept(s, answer, who, partial=partial, now=now, decision=False)
 
 

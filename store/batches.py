@@ -21,6 +21,7 @@ from store.models import FINISHED, BatchRow, RequestRow, RunRow, utcnow
 from store.runs import cancel_locked
 
 __all__ = [
+    "BatchCancel",
     "BatchStatus",
     "JobChanged",
     "Started",
@@ -193,7 +194,16 @@ def list_batches(
         return [_status(s, batch) for batch in s.exec(query.limit(limit))]
 
 
-def cancel_batch(db: Database, batch_id: str) -> Counter[str]:
+class BatchCancel(Counter[str]):
+    """How many of a batch's unfinished runs were in each status when asked to stop
+    (`cancel_batch`), and which of them that ask ended."""
+
+    agent: str
+    settled: list[str]
+    """The runs ended at once (queued or waiting), in id order: they settled here."""
+
+
+def cancel_batch(db: Database, batch_id: str) -> BatchCancel:
     """Ask every unfinished run of the batch to stop; how many were in each status."""
     now = utcnow()
     with db.write() as s:
@@ -211,13 +221,15 @@ def cancel_batch(db: Database, batch_id: str) -> Counter[str]:
             .order_by(col(RunRow.id))
             .with_for_update()
         ).all()
-        asked: Counter[str] = Counter()
+        asked = BatchCancel()
+        asked.agent, asked.settled = batch.agent, []
         for run in runs:
             asked[run.status] += 1
             run.cancel_requested = True
             run.updated_at = now
             if run.status in ("queued", "pending"):
                 cancel_locked(s, run, now)
+                asked.settled.append(run.id)
         return asked
 
 

@@ -28,9 +28,9 @@ from sqlalchemy import bindparam, func, or_
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
-from relayq import RelayqError
-from relayq.limits import check_answer
-from relayq.relay import RelayResult, relay_answer
+from relayq import Answer, RelayqError
+from relayq.relay import RelayResult
+from relayq.replies import Results, answer_to
 from store.answers import Accepted, accept_in
 from store.audit import Decider
 from store.db import Database
@@ -96,8 +96,10 @@ class LeaseLost(RelayqError):
 
 @dataclass(frozen=True)
 class LeaseDone:
-    """A leased call's result, taken: the answer it made (`Accepted`) and what it answered."""
+    """A leased call's result, taken: the answer it made, as given and as taken
+    (`Accepted`), and what it answered."""
 
+    answer: Answer
     accepted: Accepted
     request_id: str
     call_id: str
@@ -243,12 +245,11 @@ def lease_result(
     with db.write() as s:
         lease, call = _holding(s, lease_id, now, host.name, tools)
         result = RelayResult(id=call.call_id, output=output, is_error=is_error)
-        answer = relay_answer(call.request_id, [result])
-        check_answer(answer, answered_by=host.name, max_bytes=max_bytes)
-        accepted = accept_in(s, answer, host, partial=True, now=now)
+        answer = answer_to(call.request_id, Results([result]))
+        accepted = accept_in(s, answer, host, partial=True, now=now, max_bytes=max_bytes)
         lease.status = "done"
         s.add(lease)
-        return LeaseDone(accepted, call.request_id, call.call_id)
+        return LeaseDone(answer, accepted, call.request_id, call.call_id)
 
 
 def _holding(

@@ -19,14 +19,14 @@ from datetime import datetime
 from typing import Any
 
 from relayq import Answer, Request
-from relayq.approvals import approve, arguments_of, decline, edit, is_approval
+from relayq.approvals import arguments_of, is_approval
 from relayq.relay import (
     RelayResult,
     is_relay_request,
-    relay_answer,
     relay_calls_of,
     relay_results_of,
 )
+from relayq.replies import Data, Decided, Declined, Results, answer_to
 from store import StoredRequest
 
 __all__ = ["CALLS_META", "TASKS", "Questions", "answer_of", "input_requests", "task_of"]
@@ -133,7 +133,7 @@ def answer_of(stored: StoredRequest, responses: dict[str, Any]) -> Answer | None
         return _reply(request, content)
     asked = input_requests(stored, {}).requests
     results = [_result(call_id, responses[call_id]) for call_id in asked if call_id in responses]
-    return relay_answer(request.id, results) if results else None
+    return answer_to(request.id, Results(results)) if results else None
 
 
 def _content(response: Any) -> dict[str, Any] | None:
@@ -164,7 +164,7 @@ def _result(call_id: str, response: Any) -> RelayResult:
 
 def _reply(request: Request, content: dict[str, Any] | None) -> Answer:
     if content is None:
-        return Answer(id=request.id, ok=False, reason="declined by the client")
+        return answer_to(request.id, Declined("declined by the client"))
     text = content.get("answer")
     if not isinstance(text, str):
         raise ValueError("the answer must be a text")
@@ -174,17 +174,19 @@ def _reply(request: Request, content: dict[str, Any] | None) -> Answer:
         data = None
     if not isinstance(data, dict):
         data = {"output": text}
-    return Answer(id=request.id, ok=True, data=data)
+    return answer_to(request.id, Data(data))
 
 
 def _decision(request: Request, content: dict[str, Any] | None) -> Answer:
     if content is None:
-        return decline(request.id, "declined by the client")
+        return answer_to(request.id, Declined("declined by the client"))
     kind = content.get("decision")
     if kind == "approve":
-        return approve(request.id)
+        return answer_to(request.id, Decided("approve"))
     if kind == "decline":
-        return decline(request.id, str(content.get("reason") or "declined"))
+        return answer_to(
+            request.id, Decided("decline", reason=str(content.get("reason") or "declined"))
+        )
     if kind == "edit":
         try:
             arguments = json.loads(str(content.get("arguments")))
@@ -192,7 +194,7 @@ def _decision(request: Request, content: dict[str, Any] | None) -> Answer:
             raise ValueError("an edit's arguments must be a JSON object") from None
         if not isinstance(arguments, dict):
             raise ValueError("an edit's arguments must be a JSON object")
-        return edit(request.id, arguments)
+        return answer_to(request.id, Decided("edit", arguments))
     raise ValueError("decision must be approve, edit or decline")
 
 

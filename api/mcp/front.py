@@ -45,10 +45,9 @@ from relayq.agents import Agent, registered_agents
 from relayq.approvals import is_approval
 from relayq.authority import refusal
 from relayq.relay import is_relay_request
-from store import StoredRequest
+from store import RunRow, StoredRequest
 from store.audit import Decider
 from store.errors import UnknownRun
-from store.queries import get_run, run_result
 from tasks import DurableClient
 from tasks.settings import Settings
 
@@ -174,7 +173,8 @@ class McpFront:
             except UnstorableInput as exc:
                 raise MCPError(types.INVALID_PARAMS, str(exc)) from None
         if delivery is Delivery.TASK:
-            return {"resultType": "task", **await self._task(who, run_id)}
+            started = await self.client.store.get_run(run_id)
+            return {"resultType": "task", **await self._task(who, started)}
         if delivery is Delivery.ELICIT:
             return await self._elicited(ctx, who, run_id)
         if delivery is Delivery.WAITING:
@@ -238,7 +238,7 @@ class McpFront:
         while True:
             with contextlib.suppress(TimeoutError):
                 await self.client.settled(run_id, timeout=max(deadline - time.monotonic(), 0))
-            result = await self.client.store(run_result, self.client.db, run_id)
+            result = await self.client.result(run_id)
             if result.status == "done":
                 return _text(result.text, error=False)
             if result.status in ("failed", "incomplete", "cancelled"):
@@ -317,13 +317,13 @@ class McpFront:
     async def _get_task(
         self, ctx: ServerRequestContext[Any], params: TaskIdParams
     ) -> dict[str, Any]:
-        who = await self._task_caller(ctx, params.task_id)
-        return {"resultType": "complete", **await self._task(who, params.task_id)}
+        who, run = await self._task_caller(ctx, params.task_id)
+        return {"resultType": "complete", **await self._task(who, run)}
 
     async def _update_task(
         self, ctx: ServerRequestContext[Any], params: UpdateTaskParams
     ) -> dict[str, Any]:
-        who = await self._task_caller(ctx, params.task_id)
+        who, _ = await self._task_caller(ctx, params.task_id)
         stored = await self._open_request(params.task_id)
         taken = await self._answer(who, stored, params.input_responses) if stored else set()
         ignored = sorted(set(params.input_responses) - taken)
@@ -339,17 +339,18 @@ class McpFront:
         await self.client.cancel(params.task_id)
         return {"resultType": "complete"}
 
-    async def _task_caller(self, ctx: ServerRequestContext[Any], task_id: str) -> Principal:
-        """Who asks about `task_id`: a known token, a client of the extension, the task's
-        starter; else the error that says which is missing."""
+    async def _task_caller(
+        self, ctx: ServerRequestContext[Any], task_id: str
+    ) -> tuple[Principal, RunRow]:
+        """Who asks about `task_id` (a known token, a client of the extension, the task's
+        starter) and its run; else the error that says which is missing."""
         who = self._principal(ctx, Permission.READ)
         _require_tasks(ctx)
-        await self._own(who, task_id)
-        return who
+        return who, await self._own(who, task_id)
 
-    async def _task(self, who: Principal, run_id: str) -> dict[str, Any]:
-        run = await self.client.store(get_run, self.client.db, run_id)
-        result = await self.client.store(run_result, self.client.db, run_id)
+    async def _task(self, who: Principal, run: RunRow) -> dict[str, Any]:
+        run_id = run.id
+        result = await self.client.result(run_id)
         asked, waiting = None, None
         if result.status == "pending":
             stored = await self._open_request(run_id)
@@ -407,14 +408,15 @@ class McpFront:
         open_now = await self.client.requests("open", run_id=run_id)
         return open_now[0] if open_now else None
 
-    async def _own(self, who: Principal, run_id: str) -> None:
-        """The run is the caller's; else the same error as for no such task."""
+    async def _own(self, who: Principal, run_id: str) -> RunRow:
+        """The run, when it is the caller's; else the same error as for no such task."""
         try:
-            run = await self.client.store(get_run, self.client.db, run_id)
+            run = await self.client.store.get_run(run_id)
         except UnknownRun:
             run = None
         if run is None or run.started_by != who.name:
             raise MCPError(types.INVALID_PARAMS, f"no task {run_id!r}")
+        return run
 
     async def _schemas(self, agent_name: str) -> dict[str, dict[str, Any]]:
         agent = registered_agents().get(agent_name)

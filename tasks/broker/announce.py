@@ -25,18 +25,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from store import Database
-from store.requests import run_of_request
 from tasks.broker.redis_clients import RedisBounds
 from tasks.hooks import AnswerApplied, RunHooks, RunSettled
 from tasks.settings import Settings
+from tasks.storedoor import StoreDoor
 
 __all__ = ["Announcer", "RunAnnouncer", "channel_of", "decode", "encode"]
 
@@ -176,11 +174,10 @@ class RunAnnouncer(RunHooks):
 
     on_loop = True  # quick, and made for the loop (`RunHooks.on_loop`)
 
-    def __init__(self, settings: Settings, db: Database, io: Callable[..., Awaitable[Any]]) -> None:
+    def __init__(self, settings: Settings, store: StoreDoor) -> None:
         self.settings = settings
-        self.db = db
-        self.io = io
-        """The runtime's store calls (`tasks.storeio`)."""
+        self.store = store
+        """The runtime's door to the store."""
         self._announcer: Announcer | None = None
 
     def _announce(self, run_ids: Sequence[str]) -> None:
@@ -194,6 +191,6 @@ class RunAnnouncer(RunHooks):
     async def after_answer_applied(self, event: AnswerApplied) -> None:
         if event.error is not None:
             return
-        run_id = await self.io(run_of_request, self.db, event.request_id)
+        run_id = await self.store.run_of_request(event.request_id)
         if run_id is not None:
             self._announce([run_id])

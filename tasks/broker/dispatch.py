@@ -19,17 +19,17 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any
 
 from celery import Celery
 
 from relayq.agents import Agent
-from store import Database, OutboxRow
+from store import OutboxRow
 from store.errors import safe_text
 from store.outbox import mark_published
 from tasks.broker.publish import batches_changed, send
+from tasks.storedoor import StoreDoor
 
 __all__ = ["MARK_AFTER", "BrokerDispatch", "Dispatch", "Outgoing"]
 
@@ -38,9 +38,6 @@ log = logging.getLogger(__name__)
 MARK_AFTER = 0.2
 """Seconds a sent message waits to be marked sent, with those sent meanwhile: one write
 for many, and none between a run's start and its first turn."""
-
-StoreCall = Callable[..., Awaitable[Any]]
-"""How the owner runs a store call from the loop (`tasks.storeio.StoreCalls`)."""
 
 
 class Dispatch(ABC):
@@ -117,14 +114,12 @@ class BrokerDispatch(Dispatch):
     def __init__(
         self,
         sender: Callable[[], Celery],
-        db: Database,
-        io: StoreCall,
+        store: StoreDoor,
         *,
         on_unsent: Callable[[list[OutboxRow]], None] | None = None,
     ) -> None:
         self._sender = sender
-        self._db = db
-        self._io = io
+        self._store = store
         self.on_unsent = on_unsent
         # One thread: the loop hands it a batch at a time.
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="relayq-send")
@@ -159,7 +154,7 @@ class BrokerDispatch(Dispatch):
             await asyncio.sleep(MARK_AFTER)
             batch, self._unmarked = self._unmarked, []
             try:
-                await self._io(mark_published, self._db, batch)
+                await self._store.mark_published(batch)
             except Exception as exc:
                 # Kept for the next round: unmarked, a sweep would send them all again.
                 self._unmarked[:0] = batch
@@ -179,7 +174,7 @@ class BrokerDispatch(Dispatch):
         owed, self._unmarked = self._unmarked, []
         if owed:
             try:
-                mark_published(self._db, owed)
+                mark_published(self._store.db, owed)
             except Exception as exc:  # a sweep sends them again; the duplicates change nothing
                 log.warning("could not mark %d messages sent: %s", len(owed), safe_text(exc))
         self._thread.shutdown(wait=True)

@@ -11,16 +11,16 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from relayq import Answer, AnswerMismatch, BulkRefused, Request
-from relayq.approvals import approve, decline, is_approval
-from relayq.limits import check_answer
-from store import Database, OutboxRow, accept_answer, accept_many, get_requests
+from relayq.approvals import is_approval
+from relayq.replies import Decided, Declined, answer_to
+from store import OutboxRow
 from store.answers import Accepted
 from store.audit import Decider
 from tasks.hooks import Hooks, RequestDecided
 from tasks.settings import Settings
-from tasks.storeio import StoreCalls
+from tasks.storedoor import StoreDoor
 
-__all__ = ["Answering", "answer_of", "answer_to"]
+__all__ = ["Answering", "answer_echoing", "answer_of"]
 
 
 def answer_of(answer: Answer | dict[str, Any]) -> Answer:
@@ -35,7 +35,7 @@ def answer_of(answer: Answer | dict[str, Any]) -> Answer:
         raise AnswerMismatch(f"malformed answer: {where}: {first['msg']}", request_id) from None
 
 
-def answer_to(pending: Request | dict[str, Any], answer: Answer | dict[str, Any]) -> Answer:
+def answer_echoing(pending: Request | dict[str, Any], answer: Answer | dict[str, Any]) -> Answer:
     """The answer, parsed, to the request a run waits on; AnswerMismatch unless it echoes
     the request's id."""
     request = Request.model_validate(pending)
@@ -54,13 +54,11 @@ class Answering:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
-        store: StoreCalls,
+        store: StoreDoor,
         hooks: Hooks,
         publish: Callable[[Iterable[OutboxRow]], Awaitable[int]],
     ) -> None:
         self.settings = settings
-        self.db = db
         self.store = store
         self.hooks = hooks
         self.publish = publish
@@ -76,17 +74,14 @@ class Answering:
     ) -> str:
         """`DurableClient.submit_answer`: returns the run id."""
         reply = answer_of(answer)
-        who = decider.name if decider is not None else answered_by
-        check_answer(reply, answered_by=who, max_bytes=self.settings.max_answer_bytes)
         since = time.time_ns()
-        accepted = await self.store(
-            accept_answer,
-            self.db,
+        accepted = await self.store.accept_answer(
             reply,
             answered_by=answered_by,
             partial=partial,
             decider=decider,
             decision=decision,
+            max_bytes=self.settings.max_answer_bytes,
         )
         via = decider.via if decider is not None else "python"
         await self.decided([(reply, accepted)], since=since, via=via)
@@ -102,12 +97,12 @@ class Answering:
     ) -> list[str]:
         """`DurableClient.submit_many`: returns the runs that resume."""
         replies = [answer_of(a) for a in answers]
-        for reply in replies:
-            check_answer(reply, answered_by=decider.name, max_bytes=self.settings.max_answer_bytes)
         seen = revisions or {}
         since = time.time_ns()
-        accepted = await self.store(
-            accept_many, self.db, [(r, seen.get(r.id)) for r in replies], decider=decider
+        accepted = await self.store.accept_many(
+            [(r, seen.get(r.id)) for r in replies],
+            decider=decider,
+            max_bytes=self.settings.max_answer_bytes,
         )
         await self.decided(zip(replies, accepted, strict=True), since=since, via=decider.via)
         await self.publish([row for a in accepted for row in a.outbox])
@@ -124,7 +119,7 @@ class Answering:
         """`DurableClient.decide_many`: returns the runs that resume."""
         if decision == "decline" and not (reason or "").strip():
             raise BulkRefused(tuple((rid, "declining takes a reason") for rid in revisions))
-        stored = await self.store(get_requests, self.db, list(revisions))
+        stored = await self.store.get_requests(list(revisions))
         refused = [
             (rid, f"no request {rid}" if rid not in stored else f"{rid} is not an approval")
             for rid in revisions
@@ -133,7 +128,7 @@ class Answering:
         if refused:
             raise BulkRefused(tuple(refused))
         answers = [
-            approve(rid) if decision == "approve" else decline(rid, reason or "")
+            answer_to(rid, Decided("approve") if decision == "approve" else Declined(reason or ""))
             for rid in revisions
         ]
         known = {rid: seen for rid, seen in revisions.items() if seen is not None}

@@ -30,6 +30,7 @@ from relayq.agents import Agent, registered_agents
 from relayq.budgets import Budget
 from relayq.loop import WaitFor
 from store import (
+    BatchCancel,
     Database,
     OutboxRow,
     Page,
@@ -38,12 +39,7 @@ from store import (
     RunRow,
     Started,
     StoredRequest,
-    all_requests,
-    cancel_run,
-    list_runs,
     migrate,
-    query_requests,
-    run_result,
 )
 from store.audit import Decider
 from store.leases import Lease
@@ -51,7 +47,7 @@ from store.paging import DEFAULT_PAGE
 from store.requests import RequestSort, SortOrder
 from tasks.broker.dispatch import BrokerDispatch, Dispatch
 from tasks.broker.publish import sender_app
-from tasks.client.answering import Answering, answer_to
+from tasks.client.answering import Answering, answer_echoing
 from tasks.client.leasing import Leasing
 from tasks.client.settling import Settling, Waiting
 from tasks.client.starting import Starting
@@ -59,6 +55,7 @@ from tasks.client.waiting import RunWaiter, WaitTimeout
 from tasks.hooks import Hooks, RunSettled, Sending, hooks_named
 from tasks.observability.tracing import Tracing
 from tasks.settings import Settings
+from tasks.storedoor import StoreDoor
 from tasks.storeio import StoreCalls
 
 __all__ = ["DurableClient", "WaitTimeout"]
@@ -86,7 +83,7 @@ class DurableClient:
     broker is back.
 
     Store calls run inline on SQLite (each takes a fraction of a millisecond) and
-    on threads for a database server, as a worker's do (`tasks.runner.runtime.Runtime.io`).
+    on threads for a database server, as a worker's do (`tasks.storedoor`).
 
     With `eager=True` nothing is sent: each turn runs here, in this process,
     when its message would have been sent (Celery's `task_always_eager`), so
@@ -132,15 +129,18 @@ class DurableClient:
         self.inline_store = self._db.is_sqlite
         """Store calls run on the event loop (SQLite) while its lock is free."""
         self._threads: ThreadPoolExecutor | None = None
-        self.store = StoreCalls(
-            inline=self.inline_store,
-            executor=self._client_threads,
-            ready=self._is_open,
-            open=self.open,
+        self.store = StoreDoor(
+            self._db,
+            StoreCalls(
+                inline=self.inline_store,
+                executor=self._client_threads,
+                ready=self._is_open,
+                open=self.open,
+            ),
         )
-        """How this client's store calls run: `await client.store(fn, *args)`, inline for
-        SQLite while its lock is free, else on a thread; `client.store.offload(...)` for
-        those that take long on any store (`tasks.storeio`)."""
+        """The store's verbs, for reading it beside the client's own:
+        `await client.store.get_run(run_id)` (`tasks.storedoor`). Each opens the store
+        first when the client is not open yet."""
         self._app: Celery | None = None
         self.hooks: Hooks
         """What watches this client's sends and decisions (`tasks.hooks`): relayq's traces and
@@ -156,18 +156,13 @@ class DurableClient:
         else:
             self._agent_named = lambda name: registered_agents().get(name)
             self._app = sender = app or sender_app(self.settings)
-            self.hooks = Hooks([Tracing(self._db, self.store), *hooks_named(self.settings.hooks)])
-            self._dispatch = BrokerDispatch(
-                lambda: sender, self._db, self.store, on_unsent=on_unsent
-            )
+            self.hooks = Hooks([Tracing(self.store), *hooks_named(self.settings.hooks)])
+            self._dispatch = BrokerDispatch(lambda: sender, self.store, on_unsent=on_unsent)
         # The verbs' work (composition): starting runs, waiting for them, taking answers.
-        self._starts = Starting(self.settings, self._db, self.store, self._dispatch, self._publish)
-        self._waits = Settling(
-            self.settings, self._db, self.store, waiting=how, recheck_every=recheck_every
-        )
-        self._answers = Answering(self.settings, self._db, self.store, self.hooks, self._publish)
+        self._starts = Starting(self.settings, self.store, self._dispatch, self._publish)
+        self._waits = Settling(self.settings, self.store, waiting=how, recheck_every=recheck_every)
+        self._answers = Answering(self.settings, self.store, self.hooks, self._publish)
         self._leases = Leasing(
-            self._db,
             self.store,
             self._answers,
             lambda: self._waits.waiter_here() if self._waits.pushed else None,
@@ -192,7 +187,7 @@ class DurableClient:
 
     @db.setter
     def db(self, db: Database) -> None:
-        self._db = db
+        self._db = self.store.db = db
 
     @property
     def recheck_every(self) -> timedelta:
@@ -315,7 +310,7 @@ class DurableClient:
         """
         if wait:
             await self._waits.until_settled(run_id, timeout)
-        return await self.store(run_result, self._db, run_id)
+        return await self.store.run_result(run_id)
 
     async def settled(self, run_id: str, *, timeout: float | None = None) -> None:
         """Return once the run is done, pending, failed or cancelled, reading nothing else:
@@ -346,7 +341,7 @@ class DurableClient:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             await self._waits.until_settled(run_id, left, since)
-            res = await self.store(run_result, self._db, run_id)
+            res = await self.store.run_result(run_id)
             if res.status != "pending" or self._wait_for is None or res.pending is None:
                 return res
             answer = self._wait_for(res.pending)
@@ -407,8 +402,9 @@ class DurableClient:
         """The page of stored requests `query` picks (`requests` builds one from keywords;
         the CLI and the API from their options); with `all_pages`, one page of them all.
         BadQuery for a filter, sort, limit or cursor the store does not take."""
-        listing = all_requests if all_pages else query_requests
-        return await self.store.offload(listing, self._db, query)
+        if all_pages:
+            return await self.store.all_requests(query)
+        return await self.store.query_requests(query)
 
     async def submit_answer(
         self,
@@ -540,7 +536,7 @@ class DurableClient:
         timeout: float | None = None,
     ) -> RunResult:
         """Answer the request a run waits on, and wait for the run to settle again."""
-        reply = answer_to(pending, answer)
+        reply = answer_echoing(pending, answer)
         since = self._waits.listening()
         run_id = await self.submit_answer(reply)
         return await self._follow(run_id, timeout, since)
@@ -550,17 +546,36 @@ class DurableClient:
     ) -> list[RunRow]:
         """Stored runs, newest first."""
         query = RunQuery(status=status, agent=agent, limit=limit)
-        return await self.store(list_runs, self._db, query)
+        return await self.store.list_runs(query)
 
     async def cancel(self, run_id: str) -> str:
         """Cancel a run; returns its status (`cancelled`, or `running` until its next boundary)."""
-        asked = await self.store(cancel_run, self._db, run_id)
+        asked = await self.store.cancel_run(run_id)
         self._waits.changed_here(run_id)  # no worker announces a cancel made here
         if asked.settled:  # a running run is cancelled by its turn, which says so
-            agent = self._agent_named(asked.agent)
-            settled = RunSettled(run_id, asked.agent, asked.status)
-            await self.hooks.emit(settled, agent.hooks if agent is not None else ())
+            await self._settled_here([run_id], asked.agent, asked.status)
         return asked.status
+
+    async def cancel_batch(self, batch_id: str) -> BatchCancel:
+        """Cancel every unfinished run of a batch; how many were in each status (a
+        running one stops at its next boundary). UnknownBatch for an id the store lacks."""
+        asked = await self.store.cancel_batch(batch_id)
+        for run_id in asked.settled:
+            self._waits.changed_here(run_id)
+        await self._settled_here(asked.settled, asked.agent, "cancelled")
+        return asked
+
+    async def _settled_here(self, run_ids: Sequence[str], agent_name: str, status: str) -> None:
+        """The hooks told of runs a verb here ended (no turn of theirs will say so)."""
+        agent = self._agent_named(agent_name)
+        for run_id in run_ids:
+            settled = RunSettled(run_id, agent_name, status)
+            await self.hooks.emit(settled, agent.hooks if agent is not None else ())
+
+    async def request(self, request_id: str) -> StoredRequest:
+        """The stored request, open or answered, with its run's context. UnknownRequest
+        for an id the store lacks."""
+        return await self.store.get_request(request_id)
 
     def open(self) -> DurableClient:
         """Open the store, migrating it to head (`store.migrate`), once. `with`, `async
@@ -604,7 +619,7 @@ class DurableClient:
         self.close()
 
     async def __aenter__(self) -> DurableClient:
-        await self.store.offload(self._is_open)  # the seam opens the store first, on a thread
+        await self.store.offload(self._is_open)  # the door opens the store first, on a thread
         return self
 
     async def __aexit__(self, *exc: object) -> None:

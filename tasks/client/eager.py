@@ -22,7 +22,7 @@ from contextvars import ContextVar
 
 from relayq.agents import Agent, registered_agents
 from store import Database, OutboxRow, forget_worker
-from store.outbox import ANSWER_TASK, TURN_TASK, mark_published
+from store.outbox import ANSWER_TASK, TURN_TASK
 from tasks.broker.dispatch import Dispatch
 from tasks.runner.runtime import Runtime
 from tasks.runner.turn.answers import apply_answer
@@ -104,7 +104,7 @@ class EagerDispatch(Dispatch):
         return 0
 
     async def mark(self, rows: list[OutboxRow]) -> None:
-        await self._rt.io(mark_published, self._rt.db, rows)
+        await self._rt.store.mark_published(rows)
 
     def serve(self, agent: Agent) -> None:
         self._rt.adopt(agent)
@@ -119,7 +119,7 @@ class EagerDispatch(Dispatch):
         self._going += 1
         try:
             # The heartbeat's thread, as a worker's (`tasks.runner.heartbeat`), while turns run.
-            await rt.io(rt.heartbeat.start)
+            await rt.store.call(rt.heartbeat.start)
             rt.beating = True
             while queue:
                 row = queue.popleft()

@@ -14,14 +14,12 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
 
-from relayq.relay import RelayResult, relay_answer
-from store import Database
 from store.audit import Decider
-from store.leases import Lease, heartbeat_lease, lease_calls, lease_result, release_lease
+from store.leases import Lease
 from tasks.client.answering import Answering
 from tasks.client.offers import RECHECK, OfferWatch
 from tasks.client.waiting import RunWaiter
-from tasks.storeio import StoreCalls
+from tasks.storedoor import StoreDoor
 
 __all__ = ["RECHECK", "Leasing"]
 
@@ -31,12 +29,10 @@ class Leasing:
 
     def __init__(
         self,
-        db: Database,
-        store: StoreCalls,
+        store: StoreDoor,
         answering: Answering,
         waiter: Callable[[], RunWaiter | None],
     ) -> None:
-        self.db = db
         self.store = store
         self.answering = answering
         self.waiter = waiter
@@ -65,8 +61,7 @@ class Leasing:
                 if fresh:
                     leases, fresh = [], False
                 else:
-                    leases = await self.store(
-                        lease_calls, self.db, tools=tools, holder=holder, limit=limit,
+                    leases = await self.store.lease_calls(tools=tools, holder=holder, limit=limit,
                         lease=lease,
                     )  # fmt: skip
                 if leases or loop.time() >= deadline:
@@ -96,7 +91,7 @@ class Leasing:
                 waiter = self.waiter()
                 return None if waiter is None else waiter.news()
 
-            self._watch = OfferWatch(self.db, self.store, news)
+            self._watch = OfferWatch(self.store, news)
             if self._stopped:
                 self._watch.stop()
         return self._watch
@@ -105,11 +100,11 @@ class Leasing:
         self, lease_id: str, *, holder: str, tools: Collection[str] | None
     ) -> datetime:
         """`DurableClient.heartbeat_lease`."""
-        return await self.store(heartbeat_lease, self.db, lease_id, holder=holder, tools=tools)
+        return await self.store.heartbeat_lease(lease_id, holder=holder, tools=tools)
 
     async def release(self, lease_id: str, *, holder: str, tools: Collection[str] | None) -> None:
         """`DurableClient.release_lease`."""
-        await self.store(release_lease, self.db, lease_id, holder=holder, tools=tools)
+        await self.store.release_lease(lease_id, holder=holder, tools=tools)
 
     async def result(
         self,
@@ -122,9 +117,7 @@ class Leasing:
     ) -> str:
         """`DurableClient.lease_result`: returns the run id."""
         since = time.time_ns()
-        done = await self.store(
-            lease_result,
-            self.db,
+        done = await self.store.lease_result(
             lease_id,
             output=output,
             is_error=is_error,
@@ -132,9 +125,6 @@ class Leasing:
             tools=tools,
             max_bytes=self.answering.settings.max_answer_bytes,
         )
-        answer = relay_answer(
-            done.request_id, [RelayResult(id=done.call_id, output=output, is_error=is_error)]
-        )
-        await self.answering.decided([(answer, done.accepted)], since=since, via=host.via)
+        await self.answering.decided([(done.answer, done.accepted)], since=since, via=host.via)
         await self.answering.publish(done.accepted.outbox)
         return done.accepted.run_id

@@ -18,9 +18,7 @@ import logging
 from collections.abc import Callable, Collection, Iterator
 
 from relayq import RelayqError
-from store import Database
-from store.leases import offered
-from tasks.storeio import StoreCalls
+from tasks.storedoor import StoreDoor
 
 __all__ = ["RECHECK", "OfferWatch", "Wait"]
 
@@ -60,14 +58,12 @@ class OfferWatch:
 
     def __init__(
         self,
-        db: Database,
-        store: StoreCalls,
+        store: StoreDoor,
         news: Callable[[], asyncio.Event | None],
         *,
         recheck: float | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
-        self.db = db
         self.store = store
         self.news = news
         """The event the next run announcement sets (None: announcements are not heard)."""
@@ -152,7 +148,7 @@ class OfferWatch:
         tools = None if anything else frozenset().union(*(w.tools or () for w in waiting))
         self.looks += 1
         at = self.loop.time()
-        counts = await self.store(offered, self.db, tools)
+        counts = await self.store.offered(tools)
         self._last = (tools, {t: n for t, n in counts.items() if n}, at, news)
         for wait in waiting:
             named = counts if wait.tools is None else wait.tools & counts.keys()

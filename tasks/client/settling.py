@@ -13,10 +13,10 @@ import time
 from datetime import timedelta
 from typing import Literal
 
-from store import Database, StoreUnavailable, settled
+from store import StoreUnavailable
 from tasks.client.waiting import RunWaiter, WaitTimeout
 from tasks.settings import Settings
-from tasks.storeio import StoreCalls
+from tasks.storedoor import StoreDoor
 
 __all__ = ["Settling", "Waiting"]
 
@@ -30,14 +30,12 @@ class Settling:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
-        store: StoreCalls,
+        store: StoreDoor,
         *,
         waiting: Waiting,
         recheck_every: timedelta,
     ) -> None:
         self.settings = settings
-        self.db = db
         self.store = store
         self.pushed = waiting == "pushed"
         """Woken by announcements (a `RunWaiter`), else polling each run."""
@@ -51,7 +49,7 @@ class Settling:
             if self._waiter is not None:
                 self._waiter.close()
             seconds = self.recheck_every.total_seconds()
-            self._waiter = RunWaiter(self.settings, self.db, self.store, recheck=seconds)
+            self._waiter = RunWaiter(self.settings, self.store, recheck=seconds)
         return self._waiter
 
     def listening(self) -> int | None:
@@ -72,7 +70,7 @@ class Settling:
         status = "unknown"
         while True:
             try:
-                status, done = await self.store(settled, self.db, run_id)
+                status, done = await self.store.settled(run_id)
             except StoreUnavailable:
                 done = False  # an outage ends no wait (as for a pushed one: `tasks.client.waiting`)
             if done:

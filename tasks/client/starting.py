@@ -14,11 +14,11 @@ from relayq import new_id
 from relayq.agents import Agent
 from relayq.budgets import Budget
 from relayq.limits import check_run_input
-from store import Database, OutboxRow, RunSpec, Started, create_run, create_runs, start_batch
+from store import OutboxRow, RunSpec, Started
 from tasks.broker.dispatch import Dispatch
 from tasks.client.known_agents import KnownAgents
 from tasks.settings import Settings
-from tasks.storeio import StoreCalls
+from tasks.storedoor import StoreDoor
 
 __all__ = ["Starting"]
 
@@ -29,13 +29,11 @@ class Starting:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
-        store: StoreCalls,
+        store: StoreDoor,
         dispatch: Dispatch,
         publish: Callable[[Iterable[OutboxRow]], Coroutine[Any, Any, int]],
     ) -> None:
         self.settings = settings
-        self.db = db
         self.store = store
         self.dispatch = dispatch
         self.publish = publish
@@ -77,9 +75,7 @@ class Starting:
             agent=spec.agent, prompts=[prompt], conversation_id=conversation_id, max_bytes=limit
         )
         run_id = new_id("run")
-        row = await self.store(
-            create_run,
-            self.db,
+        row = await self.store.create_run(
             spec,
             run_id=run_id,
             prompt=prompt,
@@ -96,7 +92,7 @@ class Starting:
         limit = self.settings.max_answer_bytes
         check_run_input(agent=spec.agent, prompts=prompts, max_bytes=limit)
         runs = [(new_id("run"), prompt) for prompt in prompts]
-        rows = await self.store.offload(create_runs, self.db, spec, runs, job_ids=job_ids)
+        rows = await self.store.create_runs(spec, runs, job_ids=job_ids)
         await self.publish(rows)
         return [run_id for run_id, _ in runs]
 
@@ -122,9 +118,7 @@ class Starting:
             went += asyncio.run_coroutine_threadsafe(self.publish(rows), loop).result()
 
         # On a thread whatever the store: a start of many chunks takes seconds.
-        started = await self.store.offload(
-            start_batch,
-            self.db,
+        started = await self.store.start_batch(
             spec,
             list(jobs),
             name=name,

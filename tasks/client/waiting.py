@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio
@@ -30,16 +30,16 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from relayq import RelayqError
-from store import Database, StoreUnavailable, UnknownRun, settled, settled_many
+from store import StoreUnavailable, UnknownRun
 from tasks.broker.announce import channel_of, decode
 from tasks.broker.redis_clients import close_redis, connection_name
 from tasks.settings import Settings
+from tasks.storedoor import StoreDoor
 
 __all__ = ["RunWaiter", "WaitTimeout"]
 
 log = logging.getLogger(__name__)
 
-Io = Callable[..., Awaitable[Any]]
 MAX_PAUSE = 2.0
 """Seconds between tries to subscribe again, at most."""
 HEARD_KEPT = 10_000
@@ -63,10 +63,9 @@ class WaitTimeout(RelayqError, TimeoutError):
 class RunWaiter:
     """Waits on runs for one client on the running event loop (build it there)."""
 
-    def __init__(self, settings: Settings, db: Database, io: Io, *, recheck: float) -> None:
+    def __init__(self, settings: Settings, store: StoreDoor, *, recheck: float) -> None:
         self.loop = asyncio.get_running_loop()
-        self.db = db
-        self.io = io
+        self.store = store
         self.recheck = recheck
         self.channel = channel_of(settings)
         self._url = settings.redis_url
@@ -121,7 +120,7 @@ class RunWaiter:
                 await future
         except TimeoutError:
             # The last word is the store's: the run's announcement may be on its way.
-            status, done = await self.io(settled, self.db, run_id)
+            status, done = await self.store.settled(run_id)
             if not done:
                 raise WaitTimeout(run_id, status, timeout or 0.0) from None
         finally:
@@ -202,7 +201,7 @@ class RunWaiter:
     async def _check(self, run_ids: list[str]) -> None:
         """One read of these runs; their waiters wake if settled (or hear why not)."""
         try:
-            states = await self.io(settled_many, self.db, run_ids)
+            states = await self.store.settled_many(run_ids)
         except StoreUnavailable:
             # A store outage ends no wait: these runs are read again at the next recheck
             # (a wait with a timeout still ends then, with the store's word if it has one).

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,7 +39,7 @@ from celery.signals import before_task_publish
 
 from store import Database
 from store.outbox import TURN_TASK
-from store.traces import RUNS_PER_STATEMENT, keep_trace_contexts, request_trace, run_traces
+from store.traces import RUNS_PER_STATEMENT, keep_trace_contexts, run_traces
 from tasks.hooks import (
     AnswerApplied,
     AnswerApplying,
@@ -51,6 +51,7 @@ from tasks.hooks import (
     TurnEnded,
     TurnStarted,
 )
+from tasks.storedoor import Patience, StoreDoor, at_once
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -291,22 +292,16 @@ _resume_span: ContextVar[_Open | None] = ContextVar("relayq_resume_span", defaul
 class Tracing(RunHooks):
     """The runs' OpenTelemetry spans, from the events of a runtime or a host client.
 
-    `io` runs a store call (the runtime's or the client's seam); `patiently` one that
-    waits out a store outage (the worker's, for the reads a turn cannot do without).
+    `store` is the runtime's or the client's door; `patiently` waits out a store outage
+    (the worker's, for the reads a turn cannot do without).
     Every method returns at once while tracing is off (`enabled()`).
     """
 
     on_loop = True  # quick, and made for the loop (`RunHooks.on_loop`)
 
-    def __init__(
-        self,
-        db: Database,
-        io: Callable[..., Awaitable[Any]],
-        patiently: Callable[..., Awaitable[Any]] | None = None,
-    ) -> None:
-        self.db = db
-        self.io = io
-        self.patiently = patiently or io
+    def __init__(self, store: StoreDoor, patiently: Patience = at_once) -> None:
+        self.store = store
+        self.patiently = patiently
 
     async def before_send(self, event: Sending) -> None:
         """Each run without a trace gets one before its turn messages go, and they carry it."""
@@ -315,13 +310,13 @@ class Tracing(RunHooks):
         turns = {str(r.args[0]) for r in event.rows if r.task == TURN_TASK and r.args}
         run_ids = sorted(rid for rid in turns if _remembered.get(rid) is None)
         if run_ids:
-            await self.io(_contexts, self.db, run_ids, _caller())
+            await self.store.call(_contexts, self.store.db, run_ids, _caller())
 
     async def after_request_decided(self, event: RequestDecided) -> None:
         """A `relayq.decision` span for an answer the store took, from when it was asked."""
         if not enabled():
             return
-        runs = await self.io(_contexts, self.db, [event.run_id], _caller())
+        runs = await self.store.call(_contexts, self.store.db, [event.run_id], _caller())
         run = runs.get(event.run_id)
         if run is None:
             return
@@ -345,7 +340,9 @@ class Tracing(RunHooks):
         process's memory, else the store's, else a new one."""
         traceparent = known or _remembered.get(run_id)
         if traceparent is None:
-            found = (await self.patiently(_contexts, self.db, [run_id])).get(run_id)
+            found = (await self.patiently(self.store.call, _contexts, self.store.db, [run_id])).get(
+                run_id
+            )
             traceparent = found.traceparent if found is not None else ""
         else:
             _remembered.put(run_id, traceparent)
@@ -410,7 +407,7 @@ class Tracing(RunHooks):
         `relayq.suspension` span, from its opening to its answer, the first time."""
         if not enabled():
             return
-        row = await self.patiently(request_trace, self.db, event.request_id)
+        row = await self.patiently(self.store.request_trace, event.request_id)
         if row is None:
             return
         parent = await self._run_context(row.run_id, row.trace_context)

@@ -15,7 +15,7 @@ import random
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from store import forget_worker, sweep
+from store import forget_worker
 from store.batch_queues import active_batch_queues
 from store.errors import safe_text
 from store.maintenance import SweepReport
@@ -24,9 +24,6 @@ from store.retention import CHUNK as RETENTION_CHUNK
 from store.retention import (
     DECISION_CHUNK,
     EVENT_CHUNK,
-    purge_decisions,
-    purge_events,
-    purge_finished,
 )
 from tasks.broker.peek import QueuePeek
 from tasks.webhooks.sender import WebhookSender
@@ -96,16 +93,14 @@ class Housekeeping:
     async def _deliver_forever(self) -> None:
         rt = self.rt
         if rt.settings.webhooks.endpoints:
-            sender = WebhookSender.from_settings(rt.settings.webhooks, rt.db, io=rt.io)
+            sender = WebhookSender.from_settings(rt.settings.webhooks, rt.db, store=rt.store)
             await sender.run_forever()
 
     async def sweep(self) -> SweepReport:
         """One sweep of the store, with what the broker still holds; sends what it finds."""
         rt = self.rt
-        waiting = await rt.io(self._waiting)
-        report = await rt.io(
-            sweep,
-            rt.db,
+        waiting = await rt.store.call(self._waiting)
+        report = await rt.store.sweep(
             recovery=rt.settings.recovery.bounds(),
             waiting=waiting,
             worker=rt.worker_id,
@@ -124,16 +119,16 @@ class Housekeeping:
         now = datetime.now(UTC)
         runs = rt.settings.recovery.retention
         if runs is not None:
-            purged = await rt.offload(purge_finished, rt.db, now - runs, limit=RETENTION_CHUNK)
+            purged = await rt.store.purge_finished(now - runs, limit=RETENTION_CHUNK)
             report.purged = purged.runs
         events = rt.settings.webhooks.retention
         if events is not None:
-            gone = await rt.offload(purge_events, rt.db, now - events, limit=EVENT_CHUNK)
+            gone = await rt.store.purge_events(now - events, limit=EVENT_CHUNK)
             report.purged_events = gone.rows.get("relayq_events", 0)
         audit = rt.settings.recovery.audit_retention
         if audit is not None:
-            report.purged_decisions = await rt.offload(
-                purge_decisions, rt.db, now - audit, limit=DECISION_CHUNK
+            report.purged_decisions = await rt.store.purge_decisions(
+                now - audit, limit=DECISION_CHUNK
             )
 
     def _waiting(self) -> dict[str, datetime | None] | None:

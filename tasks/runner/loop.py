@@ -59,7 +59,7 @@ class LoopThread:
     def __init__(self, io_threads: int = 8, tools: ToolThreads | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(io_threads, thread_name_prefix="relayq-io")
-        """The store's threads (`Runtime.io`)."""
+        """The store's threads (`Runtime.store`)."""
         self.tools = tools or ToolThreads(32, stuck_limit=8)
         """Every other thread's work, sync tools' above all (`asyncio.to_thread`): stuck
         ones never keep a store call waiting (`tasks.runner.tool_threads`)."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 from celery import Task, shared_task
 
 from store import StoreUnavailable
-from store import cancel_run as cancel_stored_run
-from store.outbox import CANCEL_TASK, SWEEP_TASK, resend_turns
+from store.outbox import CANCEL_TASK, SWEEP_TASK
 from tasks.broker.circuit import WAKE_TASK
 from tasks.hooks import RunSettled
 from tasks.runner.housekeeping import Housekeeping
@@ -32,7 +31,7 @@ async def _sweep(housekeeping: Housekeeping) -> str:
 
 async def _cancel(rt: Runtime, run_id: str) -> str:
     # Until the store answers: a cancel asked for is not dropped with its message.
-    asked = await rt.patiently(cancel_stored_run, rt.db, run_id)
+    asked = await rt.patiently(rt.store.cancel_run, run_id)
     if asked.settled:  # a running run is cancelled by its turn, which says so
         agent = rt.known_agent(asked.agent)
         settled = RunSettled(run_id, asked.agent, asked.status)
@@ -55,7 +54,7 @@ def cancel_run(self: Task, run_id: str) -> str:
 
 
 async def _wake(rt: Runtime, run_ids: list[str]) -> str:
-    rows = await rt.io(resend_turns, rt.db, run_ids)
+    rows = await rt.store.resend_turns(run_ids)
     await rt.dispatch(rows)
     return f"woke {len(rows)} of {len(run_ids)} runs"
 

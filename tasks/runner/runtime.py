@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
@@ -48,6 +48,7 @@ from tasks.runner.loop import LoopThread
 from tasks.runner.tool_threads import ToolThreads
 from tasks.runner.transcripts import Transcripts
 from tasks.settings import Settings
+from tasks.storedoor import StoreDoor
 from tasks.storeio import StoreCalls
 
 __all__ = ["EXIT_RETIRED", "Runtime", "Working"]
@@ -124,7 +125,10 @@ class Runtime:
         self.agents: Mapping[str, Agent] = agents if agents is not None else registered_agents()
         self._loop: LoopThread | None = None
         self.inline_store = self.db.is_sqlite
-        self._store = StoreCalls(inline=self.inline_store, executor=self._store_threads)
+        self.store = StoreDoor(
+            db, StoreCalls(inline=self.inline_store, executor=self._store_threads)
+        )
+        """The store's verbs, run from the loop (`tasks.storedoor`)."""
         self.app: Celery | None = None
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None
@@ -155,7 +159,7 @@ class Runtime:
         self.hooks = Hooks(
             [
                 Metrics(),
-                Tracing(self.db, self.io, self.patiently),
+                Tracing(self.store, self.patiently),
                 *hooks,
                 *hooks_named(settings.hooks),
             ]
@@ -190,7 +194,7 @@ class Runtime:
             yield
 
     def _make_dispatch(self) -> Dispatch:
-        return BrokerDispatch(lambda: self.sender, self.db, self.io)
+        return BrokerDispatch(lambda: self.sender, self.store)
 
     @property
     def loop(self) -> LoopThread:
@@ -243,7 +247,7 @@ class Runtime:
         and announcing settled runs."""
         settings = Settings.load(conf=app.conf)
         rt = Runtime(settings, hooks=hooks_named(app.conf.get("relayq_worker_hooks", ())))
-        rt.hooks.add(RunAnnouncer(settings, rt.db, rt.io))
+        rt.hooks.add(RunAnnouncer(settings, rt.store))
         return rt
 
     def known_agent(self, name: str) -> Agent | None:
@@ -268,29 +272,17 @@ class Runtime:
             self._sender = sender_app(self.settings)
         return self._sender
 
-    async def io(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a store call: inline for SQLite while its lock is free, else on the I/O
-        threads (`tasks.storeio`)."""
-        return await self._store(fn, *args, **kwargs)
-
-    async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """A store call that takes long on any store (a purge), on a thread: never inline
-        on the loop (`tasks.storeio`)."""
-        return await self._store.offload(fn, *args, **kwargs)
-
     async def patiently(
-        self,
-        fn: Callable[P, T],
-        *args: P.args,
-        **kwargs: P.kwargs,
+        self, call: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """`io`, tried again with backoff (at most `STORE_RETRY_MAX` apart) for as long as
-        the store is unavailable: for calls that are safe to repeat, and whose task would
-        otherwise end without having done its work (a claim, an answer's application)."""
+        """`await call(*args, **kwargs)` (a store verb), tried again with backoff (at most
+        `STORE_RETRY_MAX` apart) for as long as the store is unavailable: for calls that
+        are safe to repeat, and whose task would otherwise end without having done its
+        work (a claim, an answer's application)."""
         tries = 0
         while True:
             try:
-                result = await self.io(fn, *args, **kwargs)
+                result = await call(*args, **kwargs)
             except StoreUnavailable as exc:
                 self._store_outage(exc)
                 await asyncio.sleep(backoff(tries, None, base=0.1, cap=STORE_RETRY_MAX))

@@ -29,7 +29,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -42,10 +42,8 @@ from store.webhooks import (
     Due,
     Event,
     RetryPolicy,
-    claim_due,
-    fan_out,
-    record,
 )
+from tasks.storedoor import StoreDoor
 from tasks.storeio import StoreCalls
 from tasks.webhooks.endpoints import (
     DEFAULT_PUBLIC_URL,
@@ -78,8 +76,6 @@ POLL_EVERY = 1.0
 """Seconds between looks at the store while nothing is due."""
 FANOUT_BATCH = 1000
 DEFAULT_POLICY = RetryPolicy()
-
-Io = Callable[..., Awaitable[Any]]
 
 
 # -- signing --------------------------------------------------------------------------------------
@@ -226,9 +222,8 @@ class WebhookSender:
         policy: RetryPolicy = DEFAULT_POLICY,
         timeout: timedelta = timedelta(seconds=10),
         concurrency: int = 16,
-        io: Io | None = None,
+        store: StoreDoor | None = None,
     ) -> None:
-        self.db = db
         self.endpoints = {e.name: e for e in endpoints}
         self.subscriptions = [e.subscription for e in endpoints]
         self.public_url = public_url
@@ -238,13 +233,13 @@ class WebhookSender:
         """Requests in flight at once, and so the size of a claimed batch."""
         self.lease = timeout * 2 + timedelta(seconds=30)
         """A batch is sent within one timeout; the rest is slack for recording it."""
-        self.io: Io = io or StoreCalls(inline=db.is_sqlite, executor=lambda: None)
-        """How store calls run: the owner's (a worker's runtime), else as `tasks.storeio` does."""
+        self.store = store or StoreDoor(db, StoreCalls(inline=db.is_sqlite, executor=lambda: None))
+        """The owner's door to the store (a worker's runtime's), else one of its own."""
         self._client: httpx.AsyncClient | None = None
 
     @classmethod
     def from_settings(
-        cls, hooks: WebhookSettings, db: Database, *, io: Io | None = None
+        cls, hooks: WebhookSettings, db: Database, *, store: StoreDoor | None = None
     ) -> WebhookSender:
         return cls(
             db,
@@ -253,7 +248,7 @@ class WebhookSender:
             policy=RetryPolicy(attempts=hooks.attempts, base=hooks.retry_base),
             timeout=hooks.timeout,
             concurrency=hooks.concurrency,
-            io=io,
+            store=store,
         )
 
     async def run_forever(self) -> None:
@@ -270,13 +265,13 @@ class WebhookSender:
 
     async def once(self) -> bool:
         """One round: fan out, claim a batch, send it, record it. True if more may be due now."""
-        made = await self.io(fan_out, self.db, self.subscriptions, limit=FANOUT_BATCH)
-        due: list[Due] = await self.io(
-            claim_due, self.db, list(self.endpoints), lease=self.lease, limit=self.concurrency
+        made = await self.store.fan_out(self.subscriptions, limit=FANOUT_BATCH)
+        due: list[Due] = await self.store.claim_due(
+            list(self.endpoints), lease=self.lease, limit=self.concurrency
         )
         if due:
             attempts = await asyncio.gather(*(self.send(d) for d in due))
-            await self.io(record, self.db, attempts, policy=self.policy)
+            await self.store.record_deliveries(attempts, policy=self.policy)
         return made == FANOUT_BATCH or len(due) == self.concurrency
 
     async def send(self, due: Due) -> Attempt:

@@ -153,3 +153,31 @@ async def test_a_cancel_by_the_client_settles_the_run_for_its_hooks_once(eager):
         ("agent", first.run_id, "cancelled-hooks", "cancelled"),
         ("client", first.run_id, "cancelled-hooks", "cancelled"),
     ]
+
+
+async def test_a_batch_cancelled_by_the_client_settles_each_run_it_ended_for_its_hooks_once(eager):
+    # Given a batch of three runs, each waiting on its relay call, and hooks watching
+    seen: list[tuple[str, str, Any]] = []
+    name = "cancelled-batch-hooks"
+    agent = hooked_agent(name, hooks=[Recorder("agent", seen)], register=False)
+    eager.hooks.add(Recorder("client", seen))
+    jobs = [(f"job-{n}", "stamp then confirm") for n in range(3)]
+    started = await eager.start_batch(agent, jobs)
+    for run_id in started.runs.values():
+        assert (await eager.result(run_id, wait=True, timeout=30)).status == "pending"
+    seen.clear()
+
+    # When the client cancels the batch, and then cancels it again
+    asked = await eager.cancel_batch(started.batch_id)
+    again = await eager.cancel_batch(started.batch_id)
+
+    # Then the first ended all three, the second none, and the hooks heard each run
+    # settle, cancelled, once: as every other end of a run
+    assert dict(asked) == {"pending": 3}
+    assert dict(again) == {}
+    settled = sorted((who, e.run_id, e.agent, e.status) for who, m, e in seen)
+    assert settled == sorted(
+        (who, run_id, name, "cancelled")
+        for run_id in started.runs.values()
+        for who in ("agent", "client")
+    )

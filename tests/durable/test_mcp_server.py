@@ -26,9 +26,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from api.mcp._inputs import CALLS_META
 from api.mcp.front import WAITING_META
 from relayq.approvals import approve, edit
-from store import StoredRequest, decisions_of
+from store import StoredRequest
 from store.audit import Decider
-from store.queries import run_view
 from tasks import DurableClient, Settings
 from tests.mcp_handshake_client import RpcError, connected_at
 from tests.mcp_tasks_client import (
@@ -236,12 +235,12 @@ async def test_without_tasks_an_approval_is_never_asked_of_its_starter_and_the_c
     assert isinstance(done, types.CallToolResult)
     assert done.content[0].text == "released web"  # type: ignore[union-attr]
     async with DurableClient(settings=Settings.from_env(served.spare.env)) as python:
-        trail = await python.store(decisions_of, python.db, stored.request.id)
+        trail = await python.store.decisions_of(stored.request.id)
     assert [(d.actor, d.outcome) for d in trail] == [("alice", "approved")]
 
 
 async def _prompt_of(client: DurableClient, run_id: str) -> str:
-    result = await client.store(run_view, client.db, run_id, limit=1)
+    result = await client.store.run_view(run_id, limit=1)
     return str(result.prompt)
 
 

@@ -88,9 +88,8 @@ async def test_a_batch_uses_an_http_and_a_stdio_server_and_finishes_across_a_res
 
 
 async def _run_ids(client: DurableClient, batch_id: str) -> list[str]:
-    from store.batches import batch_results
 
-    rows = await client.store(batch_results, client.db, batch_id)
+    rows = await client.store.batch_results(batch_id)
     return [row.id for row in rows]
 
 

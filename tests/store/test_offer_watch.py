@@ -12,6 +12,7 @@ from sqlalchemy import event
 
 from store import Database
 from tasks.client.offers import OfferWatch
+from tasks.storedoor import StoreDoor
 from tasks.storeio import StoreCalls
 
 from .driver import halt_on_relay
@@ -30,7 +31,9 @@ class News:
 
 def watch_of(db: Database, news: News | None = None, recheck: float = 0.2) -> OfferWatch:
     store = StoreCalls(inline=False, executor=lambda: None)
-    return OfferWatch(db, store, lambda: None if news is None else news.event, recheck=recheck)
+    return OfferWatch(
+        StoreDoor(db, store), lambda: None if news is None else news.event, recheck=recheck
+    )
 
 
 async def until(check, what: str, timeout: float = 30.0) -> None:

@@ -12,6 +12,8 @@ from store.requests import run_of_request
 from tasks import Settings
 from tasks.broker.announce import HELD_AT_MOST, Announcer, RunAnnouncer, channel_of, decode, encode
 from tasks.hooks import AnswerApplied, RunSettled, TurnOutcome
+from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreCalls
 from tests.ports import free_port
 
 
@@ -27,11 +29,13 @@ def _announcer(runs: dict[str, str] | None = None) -> tuple[RunAnnouncer, _Heard
     """A RunAnnouncer whose store knows `runs` (request id -> run id)."""
     known = runs or {}
 
-    async def io(fn, db, request_id):  # the store's answer to `run_of_request`
-        assert fn is run_of_request
-        return known.get(request_id)
+    class Calls(StoreCalls):
+        async def __call__(self, fn, db, request_id):  # type: ignore[override]
+            assert fn is run_of_request  # the store's answer to `run_of_request`
+            return known.get(request_id)
 
-    hook = RunAnnouncer(Settings.load(env={}), None, io)  # type: ignore[arg-type]
+    door = StoreDoor(None, Calls(inline=True, executor=lambda: None))  # type: ignore[arg-type]
+    hook = RunAnnouncer(Settings.load(env={}), door)
     heard = _Heard()
     hook._announcer = heard  # type: ignore[assignment]  # what it would publish
     return hook, heard

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import ParamSpec, TypeVar
 
 import pytest
 from celery import Celery
@@ -21,8 +21,13 @@ from store.outbox import sent_at, task_id_of
 from tasks.broker.dispatch import MARK_AFTER, BrokerDispatch, Outgoing
 from tasks.broker.publish import sender_app
 from tasks.settings import Settings
+from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreCalls
 from tests.brokers import PrivateRedis
 from tests.ports import free_port
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def row(n: int) -> OutboxRow:
@@ -88,9 +93,14 @@ class Store:
         migrate(self.db)
         self.calls: list[str] = []
 
-    async def io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self.calls.append(fn.__name__)
-        return fn(*args, **kwargs)
+        calls = self.calls
+
+        class Counted(StoreCalls):
+            async def __call__(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+                calls.append(getattr(fn, "__name__", ""))
+                return fn(*args, **kwargs)
+
+        self.door = StoreDoor(self.db, Counted(inline=True, executor=lambda: None))
 
     def new_runs(self, count: int) -> list[OutboxRow]:
         return [
@@ -119,7 +129,7 @@ async def test_what_is_sent_together_is_marked_in_one_write_after_the_pause_and_
 ):
     # Given a dispatch to a running broker
     app = sender(private_redis.url, prefix, tmp_path)
-    dispatch = BrokerDispatch(lambda: app, store.db, store.io)
+    dispatch = BrokerDispatch(lambda: app, store.door)
     first, more, last = store.new_runs(1), store.new_runs(2), store.new_runs(1)
 
     # When two callers dispatch at once
@@ -151,7 +161,7 @@ async def test_what_the_broker_does_not_take_is_handed_to_on_unsent_and_left_unm
     # Given a dispatch to a broker that does not answer, told what to do with the unsent
     app = sender(f"redis://127.0.0.1:{free_port()}/0", prefix, tmp_path)
     unsent: list[list[OutboxRow]] = []
-    dispatch = BrokerDispatch(lambda: app, store.db, store.io, on_unsent=unsent.append)
+    dispatch = BrokerDispatch(lambda: app, store.door, on_unsent=unsent.append)
     rows = store.new_runs(2)
 
     # When it dispatches two messages

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
-from store import OutboxRow, apply_answer_of
+from store import OutboxRow
 from store.outbox import ANSWER_TASK
 from tasks.hooks import AnswerApplied, AnswerApplying
 from tasks.runner.process import current_runtime
@@ -23,7 +23,7 @@ async def apply_answer(rt: Runtime, request_id: str) -> str:
     outbox: list[OutboxRow] = []
     error: str | None = None
     try:
-        outbox = await rt.patiently(apply_answer_of, rt.db, request_id)
+        outbox = await rt.patiently(rt.store.apply_answer_of, request_id)
         await rt.dispatch(outbox)
     except BaseException as exc:
         error = type(exc).__name__

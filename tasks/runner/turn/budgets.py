@@ -8,7 +8,7 @@ from relayq.agents import Agent
 from relayq.budgets import Budget, Spent, next_call, overrun
 from relayq.pricing import cost_of
 from store import Claim
-from store.budgets import Gate, budget_gate
+from store.budgets import Gate
 from tasks.deliveries import Delivered
 from tasks.hooks import TurnOutcome
 from tasks.runner.runtime import Runtime
@@ -24,9 +24,7 @@ async def check_budget(rt: Runtime, claim: Claim, agent: Agent) -> Gate:
     if overrun(own or agent.budget, spent, guess, "run") is None and not claim.batch_budgeted:
         # Within its own budget, and no batch's to keep to: no write, no lock on the batch.
         return Gate("go")
-    return await rt.io(
-        budget_gate,
-        rt.db,
+    return await rt.store.budget_gate(
         claim.run_id,
         claim.version,
         default=agent.budget,

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 from relayq import RelayqError
 from relayq.limits import describe_error
-from store import Claim, fail_run
+from store import Claim
 from tasks.runner.runtime import Runtime
 from tasks.runner.turn.failures import failure_report
 
@@ -54,7 +54,7 @@ async def fail_turn(
 ) -> NoReturn:
     """Fail the run saying `error`, and log it once: one line and the user's frames of
     `exc` (`tasks.runner.turn.failures`); Celery adds no traceback of its own (`throws`)."""
-    await rt.io(fail_run, rt.db, claim, error)
+    await rt.store.fail_run(claim, error)
     log.error("%s", failure_report(claim.run_id, claim.agent, claim.turns + 1, error, exc))
     raise TurnFailed(claim.run_id, error) from None
 

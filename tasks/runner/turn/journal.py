@@ -13,8 +13,8 @@ from typing import Any
 from relayq import Request, ToolResult, Usage
 from relayq import transcript as tx
 from relayq.loop import Journal
-from store import Charge, Claim, ledger_get, ledger_start, save_reply
-from store.ledger import LedgerEntry, ledger_put_all
+from store import Charge, Claim
+from store.ledger import LedgerEntry
 from tasks.hooks import RunHooks, ToolRan, ToolStarting
 from tasks.runner.runtime import Runtime
 
@@ -77,9 +77,7 @@ class StoreJournal(Journal):
         if not any(self.runs_tool(c["function"]["name"]) for c in calls):
             self.charge = Charge(usage, cost, self.charge_batch)
             return
-        self.cancelled = await self.rt.io(
-            save_reply,
-            self.rt.db,
+        self.cancelled = await self.rt.store.save_reply(
             self.claim,
             messages,
             cost=cost,
@@ -91,7 +89,7 @@ class StoreJournal(Journal):
     async def recorded(self, at: int, call_id: str, attempt: str) -> ToolResult | Request | None:
         if at == self._fresh and not attempt:
             return None  # the reply was made in this very turn: nothing can be recorded yet
-        return await self.rt.io(ledger_get, self.rt.db, self.claim.run_id, at, call_id, attempt)
+        return await self.rt.store.ledger_get(self.claim.run_id, at, call_id, attempt)
 
     async def starting(self, at: int, call_id: str, attempt: str, *, tool: str = "") -> int:
         # What finished before this call starts is kept first: the call may kill the worker.
@@ -106,7 +104,7 @@ class StoreJournal(Journal):
         self._started[at, call_id, attempt] = time.perf_counter()
         if at == self._fresh and not attempt:
             return 1  # counted when the reply was saved
-        return await self.rt.io(ledger_start, self.rt.db, self.claim.run_id, at, call_id, attempt)
+        return await self.rt.store.ledger_start(self.claim.run_id, at, call_id, attempt)
 
     async def record(
         self, at: int, call_id: str, attempt: str, outcome: ToolResult | Request
@@ -132,6 +130,4 @@ class StoreJournal(Journal):
         """Record the outcomes left for later now."""
         if self.entries:
             entries, self.entries = self.entries, []
-            self.cancelled = await self.rt.io(
-                ledger_put_all, self.rt.db, self.claim.run_id, entries
-            )
+            self.cancelled = await self.rt.store.ledger_put_all(self.claim.run_id, entries)

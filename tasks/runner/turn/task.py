@@ -44,9 +44,6 @@ from store import (
     OutboxRow,
     StaleClaim,
     StoreUnavailable,
-    claim_turn,
-    finish_cancelled,
-    finish_turn,
     list_requests,
 )
 from store.budgets import Gate
@@ -263,8 +260,7 @@ async def _claim(rt: Runtime, task: TaskRef | None, run_id: str, version: int) -
     worker's sweeper.
     """
     return await rt.patiently(
-        claim_turn,
-        rt.db,
+        rt.store.claim_turn,
         run_id,
         version,
         task_id=task.id if task is not None else None,
@@ -292,7 +288,7 @@ async def _resumable_toolkit(rt: Runtime, claim: Claim, agent: Agent) -> tuple[T
                 agent.name,
                 ", ".join(s.label for s in agent.mcp_servers),
             )
-        missing = await rt.io(_missing_relay_tools, rt, claim, toolkit.relay_names)
+        missing = await rt.store.call(_missing_relay_tools, rt, claim, toolkit.relay_names)
         if missing:
             raise AgentError(
                 f"agent {agent.name!r} no longer declares relay tool(s) {', '.join(missing)} "
@@ -350,9 +346,7 @@ async def _finish(
 ) -> list[OutboxRow]:
     """Store the turn's end in one transaction: its messages, the run's new state, and the
     next message in the outbox (returned, to be sent)."""
-    return await rt.io(
-        finish_turn,
-        rt.db,
+    return await rt.store.finish_turn(
         claim,
         # What is already stored (the reply, if saved) is not written again.
         journal.stored,
@@ -381,7 +375,7 @@ async def _outcome_of_error(rt: Runtime, claim: Claim, exc: Exception) -> Delive
     if isinstance(exc, StaleClaim):
         return Delivered(TurnOutcome.SKIPPED, "skipped: lost the claim")
     if isinstance(exc, RunCancelled):
-        await rt.io(finish_cancelled, rt.db, claim)
+        await rt.store.finish_cancelled(claim)
         return Delivered(TurnOutcome.CANCELLED, "cancelled")
     if isinstance(exc, Throttled):
         return await wait_for_capacity(rt, claim, exc)

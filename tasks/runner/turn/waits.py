@@ -19,7 +19,7 @@ from relayq import ModelError
 from relayq.circuit import ProviderDown, outage_countdown
 from relayq.ratelimit import Throttled
 from relayq.retry import backoff
-from store import Claim, StaleClaim, StoreUnavailable, requeue_turn, retry_turn
+from store import Claim, StaleClaim, StoreUnavailable
 from tasks.broker.circuit import circuit_for, since_text
 from tasks.deliveries import Delivered, TaskRef
 from tasks.hooks import TurnOutcome
@@ -59,7 +59,7 @@ async def retry_or_fail(rt: Runtime, claim: Claim, exc: ModelError | TimeoutErro
         claim.attempts, retry_after, base=rt.settings.turns.retry_base.total_seconds()
     )
     queue = agent.queue if agent is not None else None
-    row = await rt.io(retry_turn, rt.db, claim, error=error, countdown=countdown, queue=queue)
+    row = await rt.store.retry_turn(claim, error=error, countdown=countdown, queue=queue)
     summary = f"retry {claim.attempts + 1} in {countdown:.1f} s: {error}"
     return Delivered(TurnOutcome.RETRY, summary, countdown, resend=row)
 
@@ -89,7 +89,7 @@ async def _back(rt: Runtime, claim: Claim, summary: str, *, died: bool = False) 
     """The run back in its queue, once the store answers, to be sent again at once."""
     try:
         row = await rt.patiently(
-            requeue_turn, rt.db, claim, countdown=0.0, queue=_queue_of(rt, claim), died=died
+            rt.store.requeue_turn, claim, countdown=0.0, queue=_queue_of(rt, claim), died=died
         )
     except StaleClaim:
         # The turn's last write went through after all (its answer was lost), or the
@@ -125,7 +125,7 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Del
         limit,
         probing=probing,
     )
-    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
+    row = await rt.store.requeue_turn(claim, countdown=countdown, queue=_queue_of(rt, claim))
     if wait is None or not await circuit.still_waiting(exc.key, claim.run_id):
         countdown = 0.0  # closed (and its runs woken) while this turn went back
     return Delivered(
@@ -144,7 +144,7 @@ async def wait_for_provider(rt: Runtime, claim: Claim, exc: ProviderDown) -> Del
 async def wait_for_capacity(rt: Runtime, claim: Claim, exc: Throttled) -> Delivered:
     """Send the turn again when its provider's limits may let it through."""
     countdown = min(exc.retry_in, MAX_COUNTDOWN)
-    row = await rt.io(requeue_turn, rt.db, claim, countdown=countdown, queue=_queue_of(rt, claim))
+    row = await rt.store.requeue_turn(claim, countdown=countdown, queue=_queue_of(rt, claim))
     summary = f"waiting for {exc.provider} ({exc.reason}): again in {countdown:.1f} s"
     return Delivered(TurnOutcome.WAITING, summary, countdown, resend=row)
 
@@ -171,7 +171,7 @@ async def resend(rt: Runtime, task: TaskRef | None, outcome: Delivered) -> None:
             argsrepr=row.label,
             kwargsrepr="{}",
         )
-        await rt.io(retry.apply_async)
+        await rt.store.call(retry.apply_async)
         await rt.dispatch.mark([row])
 
 
