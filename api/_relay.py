@@ -16,83 +16,39 @@ The rules are the store's: `store.leases`.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import Annotated, Any
+from datetime import timedelta
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
-from pydantic import ConfigDict, Field, StrictBool
+from pydantic import ConfigDict
 
 from api._auth import Host, Principal, forbidden_tools
 from api._errors import refusals
 from api._limits import Keepable
 from api._state import client_of, closing
+from relayq.leases import MAX_WAIT, Expiry, LeaseAsk, LeasePage, LeaseResult
 from relayq.wire import CamelModel
 from store.audit import Decider
-from store.leases import Lease
 from tasks.observability.metrics import hosts_waiting
 
-__all__ = ["LeaseAsk", "LeaseOut", "LeasePage", "ResultBody", "router"]
+__all__ = ["MAX_WAIT", "ResultBody", "router"]
 
 router = APIRouter(
     prefix="/api/relay", tags=["relay hosts"], responses=refusals(401, 403, 422, 503)
 )
 
-MAX_WAIT = 60.0
-"""Seconds a lease may be waited for in one request (a proxy's idle timeout is often 60)."""
-MAX_LEASES = 100
-
 LeaseId = Annotated[str, Path(max_length=100, pattern=r"^lease_[0-9a-f]{32}$")]
 
 
-class _Strict(CamelModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class LeaseAsk(_Strict):
-    """What a host asks for: calls of these tools, at most `max`, waiting up to `wait` s."""
-
-    tools: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
-        min_length=1, max_length=100
-    )
-    max: int = Field(default=10, ge=1, le=MAX_LEASES)
-    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT)
-    lease_seconds: float = Field(default=60.0, ge=1.0, le=3600.0)
-
-
-class LeaseOut(_Strict):
-    """One leased call."""
-
-    lease_id: str
-    request_id: str
-    run_id: str
-    call_id: str
-    name: str
-    arguments: dict[str, Any]
-    attempt: int
-    """1 on the call's first lease; `runId:callId:attempt` names one try."""
-    expires_at: datetime
-
-    @classmethod
-    def of(cls, lease: Lease) -> LeaseOut:
-        return cls.model_validate(lease, from_attributes=True)
-
-
-class LeasePage(_Strict):
-    leases: list[LeaseOut]
-
-
-class Expiry(_Strict):
-    expires_at: datetime
-
-
-class ResultBody(_Strict):
-    """The leased call's result."""
+class ResultBody(LeaseResult):
+    """The leased call's result, its output one the store can keep."""
 
     output: Keepable
-    is_error: StrictBool = False
 
 
-class Recorded(_Strict):
+class Recorded(CamelModel):
+    model_config = ConfigDict(extra="forbid")
+
     run_id: str
 
 
@@ -128,7 +84,7 @@ async def lease_calls(body: LeaseAsk, request: Request, who: Host) -> Response:
     # than the rest of the answer.
     if not leases:
         return Response(NONE, media_type="application/json")
-    page = LeasePage(leases=[LeaseOut.of(lease) for lease in leases])
+    page = LeasePage(leases=leases)
     return Response(page.model_dump_json(by_alias=True), media_type="application/json")
 
 

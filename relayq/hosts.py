@@ -28,13 +28,12 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import httpx
 
 from relayq._errors import RelayqError
+from relayq.leases import LeaseAsk, LeasedCall, LeasePage, LeaseResult
 
 __all__ = ["HostRefused", "LeasedCall", "RelayHost", "ToolFunction"]
 
@@ -46,25 +45,6 @@ MAX_PAUSE = 10.0
 """Seconds between tries, at most, while the API is away."""
 KEEPALIVE = 2.0
 """Seconds an idle connection to the API is kept for the next request."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LeasedCall:
-    """One relay call this host holds, as its tool function sees it."""
-
-    lease_id: str
-    request_id: str
-    run_id: str
-    call_id: str
-    name: str
-    attempt: int
-    """1 on the call's first lease; one more each time a lease lapsed or was handed back."""
-    expires_at: datetime
-
-    @property
-    def key(self) -> str:
-        """`runId:callId:attempt`: one try of this call."""
-        return f"{self.run_id}:{self.call_id}:{self.attempt}"
 
 
 ToolFunction = Callable[[dict[str, Any], LeasedCall], "str | Awaitable[str]"]
@@ -155,13 +135,11 @@ class RelayHost:
 
     # -- leasing --------------------------------------------------------------------------
 
-    async def _lease(self, count: int) -> list[dict[str, Any]]:
-        ask = {
-            "tools": sorted(self.tools),
-            "max": count,
-            "wait": WAIT,
-            "leaseSeconds": self.lease_seconds,
-        }
+    async def _lease(self, count: int) -> list[LeasedCall]:
+        # Built, not checked: what the API refuses, it says why (HostRefused).
+        ask = LeaseAsk.model_construct(
+            tools=sorted(self.tools), max=count, wait=WAIT, lease_seconds=self.lease_seconds
+        ).model_dump(by_alias=True)
         stop = asyncio.ensure_future(self._stopping.wait())
         post = asyncio.ensure_future(self._http.post("/api/relay/leases", json=ask))
         try:
@@ -176,11 +154,10 @@ class RelayHost:
             return []
         response = post.result()
         _check(response)
-        leases: list[dict[str, Any]] = response.json()["leases"]
-        return leases
+        return LeasePage.model_validate(response.json()).leases
 
-    def _start(self, lease: dict[str, Any]) -> None:
-        task = asyncio.create_task(self._serve(lease))
+    def _start(self, call: LeasedCall) -> None:
+        task = asyncio.create_task(self._serve(call))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -197,19 +174,10 @@ class RelayHost:
 
     # -- one call ---------------------------------------------------------------------------
 
-    async def _serve(self, lease: dict[str, Any]) -> None:
-        call = LeasedCall(
-            lease_id=lease["leaseId"],
-            request_id=lease["requestId"],
-            run_id=lease["runId"],
-            call_id=lease["callId"],
-            name=lease["name"],
-            attempt=lease["attempt"],
-            expires_at=datetime.fromisoformat(lease["expiresAt"]),
-        )
+    async def _serve(self, call: LeasedCall) -> None:
         beat = asyncio.create_task(self._heartbeat(call))
         try:
-            output, is_error = await self._call(self.tools[call.name], lease["arguments"], call)
+            output, is_error = await self._call(self.tools[call.name], call.arguments, call)
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -287,23 +255,25 @@ class RelayHost:
             await asyncio.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE)
 
-    async def _release(self, lease: dict[str, Any]) -> None:
+    async def _release(self, call: LeasedCall) -> None:
         with contextlib.suppress(httpx.TransportError):
-            await self._http.post(f"/api/relay/leases/{lease['leaseId']}/release")
+            await self._http.post(f"/api/relay/leases/{call.lease_id}/release")
 
 
 def _result_body(output: str, is_error: bool) -> bytes:
     """The result's JSON; an error result saying why where the output cannot be sent."""
     try:
+        result = LeaseResult.model_construct(output=output, is_error=is_error)
         return json.dumps(
-            {"output": output, "isError": is_error}, ensure_ascii=False, allow_nan=False
+            result.model_dump(by_alias=True), ensure_ascii=False, allow_nan=False
         ).encode()
     except ValueError as exc:  # UnicodeEncodeError among them: a lone surrogate
         return _error_body(f"the host could not send the tool's result: {_named(exc)}")
 
 
 def _error_body(reason: str) -> bytes:
-    return json.dumps({"output": reason[:2000], "isError": True}).encode()
+    result = LeaseResult.model_construct(output=reason[:2000], is_error=True)
+    return json.dumps(result.model_dump(by_alias=True)).encode()
 
 
 def _named(exc: BaseException) -> str:

@@ -29,6 +29,7 @@ from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from relayq import Answer, RelayqError
+from relayq.leases import LeasedCall
 from relayq.relay import RelayResult
 from relayq.replies import Results, answer_to
 from store.answers import Accepted, accept_in
@@ -105,20 +106,10 @@ class LeaseDone:
     call_id: str
 
 
-@dataclass(frozen=True)
-class Lease:
-    """One relay call, leased to one host until `expires_at`."""
+class Lease(LeasedCall):
+    """One relay call, leased to `holder` until `expires_at` (the wire's `LeasedCall`,
+    and who holds it)."""
 
-    lease_id: str
-    request_id: str
-    run_id: str
-    call_id: str
-    name: str
-    arguments: dict[str, Any]
-    attempt: int
-    """1 for the call's first lease, one more for each lease after it: with the run and
-    call ids, a key a host can use to act once."""
-    expires_at: datetime
     holder: str
 
 

@@ -38,7 +38,6 @@ import logging
 import os
 import random
 import threading
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -52,7 +51,6 @@ from relayq.agents import Agent
 from relayq.circuit import CircuitModel
 from relayq.hooking import Emitter
 from relayq.model import Model
-from relayq.perloop import PerLoop
 from relayq.ratelimit import (
     LimitCounters,
     LimitedModel,
@@ -67,7 +65,7 @@ from relayq.ratelimit import (
     limiter_hooks,
 )
 from tasks.broker.circuit import circuit_for
-from tasks.broker.redis_clients import DEFAULT_BOUNDS, RedisBounds, close_redis, redis_pool
+from tasks.broker.redis_clients import DEFAULT_BOUNDS, FailOpen, RedisBounds, redis_pool
 from tasks.settings import Settings
 
 __all__ = [
@@ -230,11 +228,10 @@ class RedisLimiter(Limiter):
         self.prefix = prefix
         self.poll = poll
         """Seconds between tries at a full in-flight cap, for slots freed by other processes."""
-        self.retry_unavailable = retry_unavailable
-        """Seconds calls go unlimited after Redis failed, before it is tried again."""
-        self._conns = PerLoop(open=self._open, close=lambda conn: close_redis(conn.client))
-        self._down_until = 0.0
-        self._warned = 0.0
+        self._redis = FailOpen(
+            self._open, client=lambda conn: conn.client, retry_after=retry_unavailable
+        )
+        """Calls go unlimited for `retry_unavailable` seconds after Redis failed."""
 
     def __repr__(self) -> str:
         return f"RedisLimiter(prefix={self.prefix!r})"  # never the URL: it may hold a password
@@ -255,7 +252,7 @@ class RedisLimiter(Limiter):
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
-        await self._conns.aclose()
+        await self._redis.aclose()
 
     # -- acquire ------------------------------------------------------------------------------
 
@@ -264,12 +261,12 @@ class RedisLimiter(Limiter):
     ) -> Permit:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        if started < self._down_until:
+        if self._redis.down:
             return self._unlimited(limits, prompt_tokens, "still unreachable")
         try:
-            conn = await self._conns.get()
+            conn = await self._redis.get()
         except ValueError as exc:  # a broker URL redis-py reads otherwise than kombu
-            self._down_until = started + self.retry_unavailable
+            self._redis.failed()
             return self._unlimited(limits, prompt_tokens, type(exc).__name__)
         gate = conn.gate(limits.key)
         while True:
@@ -277,7 +274,7 @@ class RedisLimiter(Limiter):
             try:
                 grant = await self._reserve(conn, gate, permit, started, max_wait)
             except (redis.RedisError, OSError) as exc:
-                self._down_until = loop.time() + self.retry_unavailable
+                self._redis.failed()
                 return self._unlimited(limits, prompt_tokens, type(exc).__name__)
             permit = Permit(
                 limits=limits, id=permit.id, tokens=grant.tokens, prompt_tokens=prompt_tokens
@@ -368,9 +365,7 @@ class RedisLimiter(Limiter):
             raise
 
     def _unlimited(self, limits: ProviderLimits, prompt_tokens: int, why: str) -> Permit:
-        now = time.monotonic()
-        if now - self._warned > 30:
-            self._warned = now
+        if self._redis.say_now():
             log.warning("provider limits unavailable (%s): %s goes unlimited", why, limits.label)
         self.hooks.emit_now(LimiterUnavailable(**limits.names(), error=why))
         return Permit(limits=limits, tokens=prompt_tokens, prompt_tokens=prompt_tokens)
@@ -381,7 +376,7 @@ class RedisLimiter(Limiter):
         limits = permit.limits
         if not permit.id or not (limits.max_in_flight or limits.tokens_per_minute):
             return  # went unlimited, or holds nothing to give back or correct
-        conn = self._conns.here()
+        conn = self._redis.here()
         if conn is None:
             return  # its loop's connections were closed meanwhile: the lease frees the slot
         tokens = -1
@@ -411,7 +406,7 @@ class RedisLimiter(Limiter):
         self, limits: ProviderLimits, *, status: int, retry_after: float | None
     ) -> None:
         if retry_after is not None and retry_after > 0:
-            conn = await self._conns.get()
+            conn = await self._redis.get()
             gate = conn.gate(limits.key)
             loop = asyncio.get_running_loop()
             gate.paused_until = max(gate.paused_until, loop.time() + retry_after)

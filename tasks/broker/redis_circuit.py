@@ -56,9 +56,8 @@ from relayq.circuit import (
     Wait,
 )
 from relayq.hooking import Emitter
-from relayq.perloop import PerLoop
 from relayq.ratelimit import ProviderLimits
-from tasks.broker.redis_clients import DEFAULT_BOUNDS, RedisBounds, close_redis, redis_pool
+from tasks.broker.redis_clients import DEFAULT_BOUNDS, FailOpen, RedisBounds, redis_pool
 
 __all__ = ["REFRESH", "RedisCircuit", "Wake", "decoded"]
 
@@ -205,12 +204,11 @@ class RedisCircuit(Circuit):
         self.probe_every = probe_every
         """Seconds between probes of an open circuit (longer when the provider asks)."""
         self.wake = wake
-        self.retry_unavailable = retry_unavailable
-        """Seconds the circuit is left out after Redis failed, before it is tried again."""
         self._seen: dict[str, _Seen] = {}
-        self._conns = PerLoop(open=self._open, close=lambda conn: close_redis(conn.client))
-        self._down_until = 0.0
-        self._warned = 0.0
+        self._redis = FailOpen(
+            self._open, client=lambda conn: conn.client, retry_after=retry_unavailable
+        )
+        """The circuit is left out for `retry_unavailable` seconds after Redis failed."""
 
     def __repr__(self) -> str:
         return f"RedisCircuit(prefix={self.prefix!r})"  # never the URL: it may hold a password
@@ -222,24 +220,22 @@ class RedisCircuit(Circuit):
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
-        await self._conns.aclose()
+        await self._redis.aclose()
 
     def _open(self) -> _Conn:
         return _Conn(redis_pool(self.url, owner="circuit", max_connections=8, bounds=self.bounds))
 
     async def _run(self, script: str, key: str, *args: str | int) -> Any:
         """Run `script` on circuit `key`; raises redis.RedisError or OSError."""
-        conn = await self._conns.get()
+        conn = await self._redis.get()
         registered = conn.scripts.get(script)
         if registered is None:
             registered = conn.scripts[script] = conn.client.register_script(script)
         return await registered(keys=self.keys(key), args=list(args))
 
     def _unavailable(self, limits: ProviderLimits | None, exc: BaseException) -> None:
-        self._down_until = time.monotonic() + self.retry_unavailable
-        now = time.monotonic()
-        if now - self._warned > 30:
-            self._warned = now
+        self._redis.failed()
+        if self._redis.say_now():
             what = limits.label if limits is not None else "a provider"
             log.warning(
                 "provider circuits unavailable (%s): %s's outage errors spend retries",
@@ -297,7 +293,7 @@ class RedisCircuit(Circuit):
             if seen.state == "closed":
                 return Ticket(limits=limits)
             raise self._down(limits, seen, seen.recheck - now)
-        if now < self._down_until:
+        if self._redis.down:
             return Ticket(limits=limits)
         holder = uuid.uuid4().hex
         try:
@@ -321,7 +317,7 @@ class RedisCircuit(Circuit):
         self, ticket: Ticket, kind: OutageKind, error: str, *, retry_after: float | None = None
     ) -> ProviderDown | None:
         limits = ticket.limits
-        if time.monotonic() < self._down_until:
+        if self._redis.down:
             return None
         probe_in = max(self.probe_every, retry_after or 0.0)
         try:
@@ -406,7 +402,7 @@ class RedisCircuit(Circuit):
 
     async def still_waiting(self, key: str, run_id: str) -> bool:
         try:
-            return bool(await (await self._conns.get()).client.hexists(self.keys(key)[1], run_id))
+            return bool(await (await self._redis.get()).client.hexists(self.keys(key)[1], run_id))
         except (redis.RedisError, OSError, ValueError) as exc:
             self._unavailable(None, exc)
             return True

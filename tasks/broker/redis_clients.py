@@ -10,7 +10,8 @@ nothing closed when its loop ended (`relayq.perloop.PerLoop` closes those now).
 
 `close_redis` closes a client to the end whatever cuts in; the caller still ends
 cancelled, once the close is done.
-`redis_pool` makes the per-loop pool that the limiter and the circuits share the shape of.
+`redis_pool` makes the per-loop pool that the limiter and the circuits share the shape of,
+and `FailOpen` is how both do without Redis while it fails.
 Every Redis connection of relayq's waits within `RedisBounds`, from the settings.
 Each connection is named for its owner and process (`connection_name`), so an operator's
 `CLIENT LIST` says which relayq process holds it.
@@ -21,15 +22,29 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
 
+from relayq.perloop import PerLoop
 from tasks.settings import Settings
 
-__all__ = ["DEFAULT_BOUNDS", "RedisBounds", "close_redis", "connection_name", "redis_pool"]
+__all__ = [
+    "DEFAULT_BOUNDS",
+    "FailOpen",
+    "RedisBounds",
+    "close_redis",
+    "connection_name",
+    "redis_pool",
+]
+
+C = TypeVar("C")
+
+SAY_EVERY = 30.0
+"""Seconds between two log lines saying Redis still fails a part that does without it."""
 
 
 @dataclass(frozen=True)
@@ -130,3 +145,48 @@ def _connections_of(pool: Any) -> list[Any]:
     """Every connection a redis-py pool made and holds, idle or in use."""
     held = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]
     return held or list(getattr(pool, "_connections", ()))
+
+
+class FailOpen(Generic[C]):
+    """Redis for a part that does without it while it fails (the limiter's calls go
+    unlimited, the circuits' as if closed): a connection per event loop (`PerLoop`),
+    `down` for `retry_after` seconds after each failure, so that a part does not wait
+    on a Redis that is away call after call, and `say_now` true at most once every
+    `SAY_EVERY` seconds, for the log line that says so."""
+
+    def __init__(
+        self, open: Callable[[], C], *, client: Callable[[C], aioredis.Redis], retry_after: float
+    ) -> None:
+        self._conns = PerLoop(open=open, close=lambda conn: close_redis(client(conn)))
+        self.retry_after = retry_after
+        self._down_until = 0.0
+        self._said = 0.0
+
+    @property
+    def down(self) -> bool:
+        """Redis failed less than `retry_after` seconds ago: do without it."""
+        return time.monotonic() < self._down_until
+
+    def failed(self) -> None:
+        """Redis failed now: do without it for `retry_after` seconds."""
+        self._down_until = time.monotonic() + self.retry_after
+
+    def say_now(self) -> bool:
+        """Whether to log, now, that this part does without Redis."""
+        now = time.monotonic()
+        if now - self._said <= SAY_EVERY:
+            return False
+        self._said = now
+        return True
+
+    async def get(self) -> C:
+        """The running loop's connection, made at its first use."""
+        return await self._conns.get()
+
+    def here(self) -> C | None:
+        """The running loop's connection, if it has one."""
+        return self._conns.here()
+
+    async def aclose(self) -> None:
+        """Close the running loop's connection."""
+        await self._conns.aclose()
