@@ -34,7 +34,7 @@ from redis.retry import Retry
 from tasks.broker.redis_clients import RedisBounds
 from tasks.hooks import AnswerApplied, RunHooks, RunSettled
 from tasks.settings import Settings
-from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreDoor
 
 __all__ = ["Announcer", "RunAnnouncer", "channel_of", "decode", "encode"]
 

@@ -29,7 +29,7 @@ from store import OutboxRow
 from store.errors import safe_text
 from store.outbox import mark_published
 from tasks.broker.publish import batches_changed, send
-from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreDoor
 
 __all__ = ["MARK_AFTER", "BrokerDispatch", "Dispatch", "Outgoing"]
 

@@ -18,7 +18,7 @@ from store.answers import Accepted
 from store.audit import Decider
 from tasks.hooks import Hooks, RequestDecided
 from tasks.settings import Settings
-from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreDoor
 
 __all__ = ["Answering", "answer_echoing", "answer_of"]
 

@@ -55,8 +55,7 @@ from tasks.client.waiting import RunWaiter, WaitTimeout
 from tasks.hooks import Hooks, RunSettled, Sending, hooks_named
 from tasks.observability.tracing import Tracing
 from tasks.settings import Settings
-from tasks.storedoor import StoreDoor
-from tasks.storeio import StoreCalls
+from tasks.storeio import StoreCalls, StoreDoor
 
 __all__ = ["DurableClient", "WaitTimeout"]
 
@@ -83,7 +82,7 @@ class DurableClient:
     broker is back.
 
     Store calls run inline on SQLite (each takes a fraction of a millisecond) and
-    on threads for a database server, as a worker's do (`tasks.storedoor`).
+    on threads for a database server, as a worker's do (`tasks.storeio`).
 
     With `eager=True` nothing is sent: each turn runs here, in this process,
     when its message would have been sent (Celery's `task_always_eager`), so
@@ -139,7 +138,7 @@ class DurableClient:
             ),
         )
         """The store's verbs, for reading it beside the client's own:
-        `await client.store.get_run(run_id)` (`tasks.storedoor`). Each opens the store
+        `await client.store.get_run(run_id)` (`tasks.storeio`). Each opens the store
         first when the client is not open yet."""
         self._app: Celery | None = None
         self.hooks: Hooks

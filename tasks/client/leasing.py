@@ -19,7 +19,7 @@ from store.leases import Lease
 from tasks.client.answering import Answering
 from tasks.client.offers import RECHECK, OfferWatch
 from tasks.client.waiting import RunWaiter
-from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreDoor
 
 __all__ = ["RECHECK", "Leasing"]
 

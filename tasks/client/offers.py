@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Collection, Iterator
 
 from relayq import RelayqError
-from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreDoor
 
 __all__ = ["RECHECK", "OfferWatch", "Wait"]
 

@@ -16,7 +16,7 @@ from typing import Literal
 from store import StoreUnavailable
 from tasks.client.waiting import RunWaiter, WaitTimeout
 from tasks.settings import Settings
-from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreDoor
 
 __all__ = ["Settling", "Waiting"]
 

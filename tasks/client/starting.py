@@ -18,7 +18,7 @@ from store import OutboxRow, RunSpec, Started
 from tasks.broker.dispatch import Dispatch
 from tasks.client.known_agents import KnownAgents
 from tasks.settings import Settings
-from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreDoor
 
 __all__ = ["Starting"]
 

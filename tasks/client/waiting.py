@@ -34,7 +34,7 @@ from store import StoreUnavailable, UnknownRun
 from tasks.broker.announce import channel_of, decode
 from tasks.broker.redis_clients import close_redis, connection_name
 from tasks.settings import Settings
-from tasks.storedoor import StoreDoor
+from tasks.storeio import StoreDoor
 
 __all__ = ["RunWaiter", "WaitTimeout"]
 

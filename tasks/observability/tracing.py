@@ -51,7 +51,7 @@ from tasks.hooks import (
     TurnEnded,
     TurnStarted,
 )
-from tasks.storedoor import Patience, StoreDoor, at_once
+from tasks.storeio import Patience, StoreDoor, at_once
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context

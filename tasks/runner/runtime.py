@@ -48,8 +48,7 @@ from tasks.runner.loop import LoopThread
 from tasks.runner.tool_threads import ToolThreads
 from tasks.runner.transcripts import Transcripts
 from tasks.settings import Settings
-from tasks.storedoor import StoreDoor
-from tasks.storeio import StoreCalls
+from tasks.storeio import StoreCalls, StoreDoor
 
 __all__ = ["EXIT_RETIRED", "Runtime", "Working"]
 
@@ -128,7 +127,7 @@ class Runtime:
         self.store = StoreDoor(
             db, StoreCalls(inline=self.inline_store, executor=self._store_threads)
         )
-        """The store's verbs, run from the loop (`tasks.storedoor`)."""
+        """The store's verbs, run from the loop (`tasks.storeio`)."""
         self.app: Celery | None = None
         """The worker's app once a task has run here; else a sender is built on demand."""
         self._sender: Celery | None = None

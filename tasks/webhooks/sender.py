@@ -43,8 +43,7 @@ from store.webhooks import (
     Event,
     RetryPolicy,
 )
-from tasks.storedoor import StoreDoor
-from tasks.storeio import StoreCalls
+from tasks.storeio import StoreCalls, StoreDoor
 from tasks.webhooks.endpoints import (
     DEFAULT_PUBLIC_URL,
     Endpoint,

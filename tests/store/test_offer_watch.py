@@ -12,8 +12,7 @@ from sqlalchemy import event
 
 from store import Database
 from tasks.client.offers import OfferWatch
-from tasks.storedoor import StoreDoor
-from tasks.storeio import StoreCalls
+from tasks.storeio import StoreCalls, StoreDoor
 
 from .driver import halt_on_relay
 

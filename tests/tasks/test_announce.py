@@ -12,8 +12,7 @@ from store.requests import run_of_request
 from tasks import Settings
 from tasks.broker.announce import HELD_AT_MOST, Announcer, RunAnnouncer, channel_of, decode, encode
 from tasks.hooks import AnswerApplied, RunSettled, TurnOutcome
-from tasks.storedoor import StoreDoor
-from tasks.storeio import StoreCalls
+from tasks.storeio import StoreCalls, StoreDoor
 from tests.ports import free_port
 
 

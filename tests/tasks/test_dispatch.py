@@ -21,8 +21,7 @@ from store.outbox import sent_at, task_id_of
 from tasks.broker.dispatch import MARK_AFTER, BrokerDispatch, Outgoing
 from tasks.broker.publish import sender_app
 from tasks.settings import Settings
-from tasks.storedoor import StoreDoor
-from tasks.storeio import StoreCalls
+from tasks.storeio import StoreCalls, StoreDoor
 from tests.brokers import PrivateRedis
 from tests.ports import free_port
 
