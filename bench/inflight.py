@@ -38,7 +38,7 @@ from sqlalchemy import func
 from sqlmodel import col, select
 
 from bench.homes import bench_home
-from store import RunRow
+from store import Database, RunRow, migrate
 from tasks import DurableClient, Settings
 
 if TYPE_CHECKING:
@@ -165,6 +165,15 @@ class Sampler(threading.Thread):
             self.peak = max(self.peak, sum(rss_mb(p) for p in self.pids))
 
 
+def migrated(database_url: str) -> None:
+    """The store at `database_url` migrated to head (`store.migrate`)."""
+    db = Database(database_url)
+    try:
+        migrate(db)
+    finally:
+        db.dispose()
+
+
 def start_worker(
     env: dict[str, str],
     pool: str,
@@ -174,6 +183,9 @@ def start_worker(
     loglevel: str = "INFO",
 ) -> subprocess.Popen[bytes]:
     env = env | {"RELAYQ_POOL": pool, "RELAYQ_CONCURRENCY": str(concurrency)}
+    # The store migrated here first, as a deployment's is: a worker that migrates a new
+    # store keeps Alembic's memory (about 10 MiB), which is not the turns' cost.
+    migrated(Settings.from_env(env).database_url)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "workers", "worker", "--loglevel", loglevel,
