@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relayq import transcript as tx
-from relayq.approvals import arguments_of, diff_arguments, is_approval
+from relayq.approvals import arguments_of, diff_arguments, is_approval, policy_of
 from relayq.relay import relay_calls_of
 from store import CallHold, StoredRequest
 
@@ -134,6 +134,7 @@ def item_of(stored: StoredRequest, now: datetime | None = None) -> dict[str, Any
         "expires_at": when(request.expires_at),
         "approvers": stored.approvers,
         "quorum": stored.quorum,
+        "decisions": list(policy_of(request).decisions) if approval else ["approve", "decline"],
         "revision": stored.revision,
         "answered_by": stored.answered_by or "",
         "answered_at": when(stored.answered_at),

@@ -39,7 +39,9 @@ from relayq._types import Answer, Request, ToolResult
 __all__ = [
     "APPROVAL_KIND",
     "BUDGET_KIND",
+    "DECISIONS",
     "Decision",
+    "DecisionKind",
     "EscalationStep",
     "OnApprovalExpiry",
     "Policy",
@@ -61,6 +63,9 @@ BUDGET_KIND = "budget"
 """A run asking to spend more than its budget (`relayq.budgets`): decided as an approval."""
 
 OnApprovalExpiry: TypeAlias = Literal["decline", "escalate", "stay_open"]
+DecisionKind: TypeAlias = Literal["approve", "edit", "decline"]
+DECISIONS: tuple[DecisionKind, ...] = ("approve", "edit", "decline")
+"""Every decision a person can take, in the order the doors offer them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,10 +97,18 @@ class Policy:
     on_expiry: OnApprovalExpiry = "decline"
     """At the deadline: decline (outcome `expired`), escalate along `escalation`, or stay open."""
     escalation: tuple[EscalationStep, ...] = ()
+    decisions: tuple[DecisionKind, ...] = DECISIONS
+    """What a person may decide (every door offers only these, and refuses the others)."""
 
     def __post_init__(self) -> None:
         if self.quorum < 1 or self.declines < 1:
             raise ToolkitError("quorum and declines must be at least 1")
+        unknown = [d for d in self.decisions if d not in DECISIONS]
+        if unknown or not self.decisions or len(set(self.decisions)) != len(self.decisions):
+            raise ToolkitError(
+                f"decisions are some of {', '.join(DECISIONS)}, each once; "
+                f"not {', '.join(map(repr, self.decisions)) or 'none'}"
+            )
         if self.on_expiry not in ("decline", "escalate", "stay_open"):
             raise ToolkitError(
                 f"on_expiry must be 'decline', 'escalate' or 'stay_open', not {self.on_expiry!r}"
@@ -114,6 +127,7 @@ class Policy:
             "remindBefore": _seconds(self.remind_before),
             "onExpiry": self.on_expiry,
             "escalation": [step.to_wire() for step in self.escalation],
+            "decisions": list(self.decisions),
         }
 
 
@@ -142,6 +156,7 @@ def policy_of(request: Request) -> Policy:
             )
             for step in wire.get("escalation") or ()
         ),
+        decisions=tuple(wire.get("decisions") or DECISIONS),
     )
 
 
@@ -186,6 +201,7 @@ def decision_of(request: Request, answer: Answer) -> Decision:
     (free text, edited arguments that do not fit the tool's schema, a decline without
     a reason)."""
     if not answer.ok:
+        _allowed(request, "decline")
         reason = (answer.reason or "").strip()
         if not reason:
             raise AnswerMismatch(f"declining {request.id} takes a reason", request.id)
@@ -200,6 +216,7 @@ def decision_of(request: Request, answer: Answer) -> Decision:
             'or {"ok": false, "reason": "..."}',
             request.id,
         )
+    _allowed(request, kind)
     if kind == "approve":
         if "arguments" in data:
             raise AnswerMismatch(
@@ -211,6 +228,15 @@ def decision_of(request: Request, answer: Answer) -> Decision:
         raise AnswerMismatch(f"an edit of {request.id} takes an arguments object", request.id)
     _check_schema(request, arguments)
     return Decision(kind="edit", arguments=arguments)
+
+
+def _allowed(request: Request, kind: DecisionKind) -> None:
+    """AnswerMismatch, naming what may be decided, for a decision the policy leaves out."""
+    allowed = policy_of(request).decisions
+    if kind not in allowed:
+        raise AnswerMismatch(
+            f"{request.id} may be decided by {', '.join(allowed)} only, not {kind}", request.id
+        )
 
 
 def _check_schema(request: Request, arguments: dict[str, Any]) -> None:
@@ -262,11 +288,13 @@ def requires_approval(
     on_expiry: OnApprovalExpiry = "decline",
     escalation: Sequence[EscalationStep] = (),
     prompt: Prompt = None,
+    decisions: Sequence[DecisionKind] = DECISIONS,
 ) -> Tool:
     """`tool`, run only once its call is approved, with the approved arguments.
 
     `prompt` is the line a person reads (a string, or a function of the arguments);
-    by default the tool's name and description.
+    by default the tool's name and description. `decisions` is what a person may
+    decide (say `("approve", "decline")`: no edits); every door refuses the others.
     """
     if tool.fn is None:
         raise ToolkitError(f"relay tool {tool.name!r} is run by its host; it needs no approval")
@@ -281,6 +309,7 @@ def requires_approval(
         remind_before=remind_before,
         on_expiry=on_expiry,
         escalation=tuple(escalation),
+        decisions=tuple(decisions),
     )
 
     async def gated(args: dict[str, Any], ctx: ToolContext) -> ToolResult | Request:

@@ -14,12 +14,13 @@ ride beside them, in the result's `_meta` under `relayq/calls`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from relayq import Answer, Request
-from relayq.approvals import arguments_of, is_approval
+from relayq.approvals import arguments_of, is_approval, policy_of
 from relayq.relay import (
     RelayResult,
     is_relay_request,
@@ -49,15 +50,19 @@ _QUESTION_SCHEMA = {
     "properties": {"answer": {"type": "string", "description": "A JSON object, or a text"}},
     "required": ["answer"],
 }
-_DECISION_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "decision": {"type": "string", "enum": ["approve", "edit", "decline"]},
-        "arguments": {"type": "string", "description": "edit: the call's arguments, as JSON"},
-        "reason": {"type": "string", "description": "decline: why"},
-    },
-    "required": ["decision"],
-}
+
+
+def _decision_schema(decisions: Sequence[str]) -> dict[str, Any]:
+    """A decision's form: only what the request's policy lets a person decide."""
+    properties: dict[str, Any] = {"decision": {"type": "string", "enum": list(decisions)}}
+    if "edit" in decisions:
+        properties["arguments"] = {
+            "type": "string",
+            "description": "edit: the call's arguments, as JSON",
+        }
+    if "decline" in decisions:
+        properties["reason"] = {"type": "string", "description": "decline: why"}
+    return {"type": "object", "properties": properties, "required": ["decision"]}
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,8 @@ def input_requests(stored: StoredRequest, tools: dict[str, dict[str, Any]]) -> Q
         about = {"name": stored.tool, "arguments": arguments, "schema": schema}
         # The message alone is what most clients show: the call is in it.
         message = f"{request.prompt}\n{stored.tool} with {json.dumps(arguments)}"
-        return _ask({request.id: (message, _DECISION_SCHEMA, about)})
+        schema_of = _decision_schema(policy_of(request).decisions)
+        return _ask({request.id: (message, schema_of, about)})
     if not is_relay_request(request):
         about = {"kind": request.kind, "data": request.data}
         return _ask({request.id: (request.prompt, _QUESTION_SCHEMA, about)})

@@ -176,3 +176,13 @@ def test_a_relay_result_is_error_is_a_strict_boolean_wherever_it_is_built():
     for flag in ("false", "yes", 1):
         with pytest.raises(ValueError, match=r"is_error|isError"):
             RelayResult.model_validate({"id": "c1", "output": "x", "isError": flag})
+
+
+def test_an_approval_s_form_offers_only_the_decisions_its_policy_allows():
+    request = approval()
+    request.data["policy"] = {"decisions": ["approve", "decline"]}
+    form = input_requests(stored(request), {}).requests["req_2"]["params"]["requestedSchema"]
+    assert form["properties"]["decision"]["enum"] == ["approve", "decline"]
+    assert "arguments" not in form["properties"]
+    every = input_requests(stored(approval()), {}).requests["req_2"]["params"]["requestedSchema"]
+    assert every["properties"]["decision"]["enum"] == ["approve", "edit", "decline"]

@@ -10,6 +10,7 @@ untouched where it refuses. A door that skips the store's check fails its cells.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -22,9 +23,11 @@ import pytest
 from mcp import MCPError
 from sqlalchemy import delete, insert
 from sqlmodel import col, func, select
+from typer.testing import CliRunner
 
 from api._auth import Tokens
 from api.mcp.front import McpFront, mcp_app
+from cli.main import app as cli_app
 from store import Database, RequestRow, RunRow
 from store.models import DecisionRow, utcnow
 from tests.mcp_tasks_client import connected, update_task
@@ -42,6 +45,7 @@ from .conftest import (
     serve_in_thread,
 )
 from .test_api import log_in
+from .test_cli import one_error_line
 
 pytestmark = [pytest.mark.timeout(240), SQLITE_ONLY]
 
@@ -98,17 +102,21 @@ def _data(kind: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def seeded(db: Database, kind: str) -> AsyncIterator[str]:
-    """A fresh open request of `kind` on a pending run sam started; removed after."""
+async def seeded(
+    db: Database, kind: str, *, started_by: str = "sam", decisions: list[str] | None = None
+) -> AsyncIterator[str]:
+    """A fresh open request of `kind` on a pending run `started_by` started (an approval
+    whose policy lets a person take only `decisions`, where given); removed after."""
     tag = uuid.uuid4().hex[:12]
     now = utcnow()
     run: dict[str, Any] = {
         "id": f"run_doors_{tag}", "agent": "doors", "conversation_id": f"conv_{tag}",
-        "status": "pending", "started_by": "sam", "created_at": now, "updated_at": now,
+        "status": "pending", "started_by": started_by, "created_at": now, "updated_at": now,
     }  # fmt: skip
+    data = _data(kind) | ({"policy": {"decisions": decisions}} if decisions else {})
     request: dict[str, Any] = {
         "id": f"req_doors_{tag}", "run_id": run["id"], "agent": "doors", "kind": kind,
-        "prompt": f"a {kind} of the door matrix", "data": _data(kind), "calls": [],
+        "prompt": f"a {kind} of the door matrix", "data": data, "calls": [],
         "status": "open", "created_at": now, "tool": "refund" if "_" in kind else None,
     }  # fmt: skip
     if kind == "tool_call":
@@ -267,3 +275,129 @@ async def test_a_token_whose_role_has_no_mcp_rights_gets_a_clean_403(
     logged = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
     assert "Traceback" not in logged
     assert not any(r.exc_info for r in caplog.records)
+
+
+# -- what a person may decide: the policy's `decisions`, at every door ---------------------
+
+
+async def _mcp_decides(d: Doors, rid: str, content: dict[str, Any]) -> int | str:
+    async with connected(d.mcp_url, APPROVER, tasks=True) as client:
+        try:
+            await update_task(
+                client, rid.replace("req_", "run_"), {rid: {"action": "accept", "content": content}}
+            )
+        except MCPError:
+            return "error"
+    return 200
+
+
+def _api(path: str, body: dict[str, Any]) -> Door:
+    async def door(d: Doors, token: str, kind: str, rid: str) -> int | str:
+        async with d.api.http(token) as http:
+            return (await http.post(path.format(rid=rid), json=body)).status_code
+
+    return door
+
+
+def _mcp(content: dict[str, Any]) -> Door:
+    async def door(d: Doors, token: str, kind: str, rid: str) -> int | str:
+        return await _mcp_decides(d, rid, content)
+
+    return door
+
+
+EDIT = {"decision": "edit", "arguments": {"amount": 7}}
+DECLINE = {"decision": "decline", "reason": "no"}
+ANSWER, DECIDE = "/api/requests/{rid}/answer", "/api/requests/{rid}/decision"
+DECIDING: dict[str, tuple[str, Door]] = {
+    "answer approve": ("approve", _api(ANSWER, {"data": {"decision": "approve"}})),
+    "answer edit": ("edit", _api(ANSWER, {"data": EDIT})),
+    "answer decline": ("decline", _api(ANSWER, {"ok": False, "reason": "no"})),
+    "decision approve": ("approve", _api(DECIDE, {"decision": "approve"})),
+    "decision edit": ("edit", _api(DECIDE, EDIT)),
+    "decision decline": ("decline", _api(DECIDE, DECLINE)),
+    "bulk decline": ("decline", http_bulk),
+    "inbox approve": ("approve", inbox_form("/requests/{rid}/approve", {"output": "x"})),
+    "inbox edit": ("edit", inbox_form("/requests/{rid}/edit", {"arg:amount": "7"})),
+    "inbox decline": ("decline", inbox_form("/requests/{rid}/decline", {"reason": "no"})),
+    "inbox bulk decline": ("decline", inbox_bulk),
+    "MCP approve": ("approve", _mcp({"decision": "approve"})),
+    "MCP edit": ("edit", _mcp({"decision": "edit", "arguments": '{"amount": 7}'})),
+    "MCP decline": ("decline", _mcp({"decision": "decline", "reason": "no"})),
+}  # fmt: skip
+# Refused as a request that does not fit its answer (422); a bulk decision, past the door,
+# as a 409 naming each request and why.
+NOT_OFFERED: dict[str, set[int | str]] = {"bulk decline": {409}, "inbox bulk decline": {409}}
+
+
+@pytest.mark.parametrize("door", list(DECIDING))
+async def test_every_door_refuses_a_decision_the_tool_s_policy_does_not_offer(
+    doors: Doors, door: str
+):
+    # Given an approval whose tool lets a person take every decision but this door's,
+    # on a run the approver started (MCP reaches only its caller's runs)
+    decision, call = DECIDING[door]
+    others = [d for d in ("approve", "edit", "decline") if d != decision]
+    async with seeded(doors.db, "tool_approval", started_by="alice", decisions=others) as rid:
+        before = state_of(doors.db, rid)
+
+        # When an approver takes it through the door
+        status = await call(doors, APPROVER, "tool_approval", rid)
+
+        # Then it is refused and the request is as it was
+        after = state_of(doors.db, rid)
+    assert status in NOT_OFFERED.get(door, {422, "error"}), status
+    assert after == before
+
+
+@pytest.mark.parametrize("door", ["decision approve", "decision edit", "decision decline"])
+async def test_the_refusal_names_what_may_be_decided_and_what_is_offered_is_taken(
+    doors: Doors, door: str
+):
+    decision, call = DECIDING[door]
+    others = [d for d in ("approve", "edit", "decline") if d != decision]
+    body = {"approve": {"decision": "approve"}, "edit": EDIT, "decline": DECLINE}[decision]
+    async with (
+        seeded(doors.db, "tool_approval", decisions=others) as rid,
+        doors.api.http(APPROVER) as http,
+    ):
+        refused = await http.post(f"/api/requests/{rid}/decision", json=body)
+    assert refused.status_code == 422
+    assert f"may be decided by {', '.join(others)} only, not {decision}" in refused.text
+
+    # ... and the same decision where the policy offers it is taken
+    async with seeded(doors.db, "tool_approval", decisions=[decision]) as rid:
+        before = state_of(doors.db, rid)
+        assert await call(doors, APPROVER, "tool_approval", rid) == 200
+        assert state_of(doors.db, rid) != before
+
+
+async def test_the_inbox_shows_only_the_decisions_a_tool_offers(doors: Doors):
+    async with (
+        seeded(doors.db, "tool_approval", decisions=["approve", "decline"]) as rid,
+        doors.api.http() as browser,
+    ):
+        await log_in(browser, APPROVER)
+        page = (await browser.get(f"/requests/{rid}")).text
+    assert f'action="/requests/{rid}/approve"' in page
+    assert f'action="/requests/{rid}/decline"' in page
+    assert f'action="/requests/{rid}/edit"' not in page
+
+
+def test_the_cli_refuses_a_decision_the_tool_does_not_offer_in_one_line(
+    doors: Doors, durable: Durable
+):
+    async def seed_and_try() -> tuple[str, Any, Any]:
+        async with seeded(doors.db, "tool_approval", decisions=["approve", "decline"]) as rid:
+            before = state_of(doors.db, rid)
+            result = await asyncio.to_thread(
+                CliRunner().invoke,
+                cli_app,
+                ["answer", rid, "--edit", "amount=7", "--as", "alice"],
+                env={**durable.env, "COLUMNS": "250"},
+            )
+            return one_error_line(result), before, state_of(doors.db, rid)
+
+    line, before, after = asyncio.run(seed_and_try())
+    assert "may be decided by approve, decline only, not edit" in line
+    assert after == before

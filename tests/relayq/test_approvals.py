@@ -220,6 +220,9 @@ async def test_the_policy_round_trips_through_the_request():
         {"on_expiry": "escalate"},
         {"remind_before": timedelta(minutes=1)},
         {"approvers": [""]},
+        {"decisions": ()},
+        {"decisions": ("approve", "shrug")},
+        {"decisions": ("approve", "approve")},
     ],
 )
 def test_a_policy_that_cannot_hold_is_refused_when_the_tool_is_defined(bad: dict[str, Any]):
@@ -300,3 +303,14 @@ async def test_a_prompt_function_runs_on_a_thread_not_on_the_loop(tmp_path: Path
     assert asked.prompt == "refund 5 on A1?"
     assert called_on
     assert called_on[0] != threading.get_ident()
+
+
+async def test_the_decisions_a_tool_offers_travel_with_its_request_and_bound_what_is_taken():
+    tool = requires_approval(refund_tool([]), decisions=("approve", "decline"))
+    request = await tool.invoke({"order": "1", "amount": 5}, _ctx())
+    assert isinstance(request, Request)
+    assert policy_of(request).decisions == ("approve", "decline")
+    assert decision_of(request, approve(request.id)).kind == "approve"
+    assert decision_of(request, decline(request.id, "no")).kind == "decline"
+    with pytest.raises(AnswerMismatch, match="by approve, decline only, not edit"):
+        decision_of(request, edit(request.id, {"order": "1", "amount": 1}))
