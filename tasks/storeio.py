@@ -201,7 +201,7 @@ class StoreDoor:
     batch_status = verb(batches.batch_status)
     batch_results = verb(batches.batch_results, long=True)
     list_batches = verb(batches.list_batches, long=True)
-    cancel_batch = verb(batches.cancel_batch)
+    cancel_batch = verb(batches.cancel_batch, long=True)
 
     # The outbox, sweeps and retention.
     mark_published = verb(outbox.mark_published)
