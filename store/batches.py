@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
 from relayq import RelayqError
 from store.batch_start import JobChanged, Started, batch_prompts, start_batch
 from store.db import Database
 from store.models import FINISHED, BatchRow, RequestRow, RunRow, utcnow
-from store.runs import cancel_locked
+from store.runs import cancel_many_locked
+from store.stored_requests import IDS_PER_QUERY
 
 __all__ = [
     "BatchCancel",
@@ -221,15 +222,18 @@ def cancel_batch(db: Database, batch_id: str) -> BatchCancel:
             .order_by(col(RunRow.id))
             .with_for_update()
         ).all()
-        asked = BatchCancel()
-        asked.agent, asked.settled = batch.agent, []
-        for run in runs:
-            asked[run.status] += 1
-            run.cancel_requested = True
-            run.updated_at = now
-            if run.status in ("queued", "pending"):
-                cancel_locked(s, run, now)
-                asked.settled.append(run.id)
+        asked = BatchCancel(run.status for run in runs)
+        ending = [run for run in runs if run.status in ("queued", "pending")]
+        asked.agent, asked.settled = batch.agent, [run.id for run in ending]
+        # A running run stops at its next boundary; the others end now.
+        going = [run.id for run in runs if run.status not in ("queued", "pending")]
+        for at in range(0, len(going), IDS_PER_QUERY):
+            s.execute(
+                update(RunRow)
+                .where(col(RunRow.id).in_(going[at : at + IDS_PER_QUERY]))
+                .values(cancel_requested=True, updated_at=now)
+            )
+        cancel_many_locked(s, ending, now)
         return asked
 
 

@@ -129,7 +129,7 @@ def end_over_budget(s: Session, run: RunRow, now: datetime, why: str) -> None:
     """End a run the caller has locked `over_budget`, saying why."""
     run_id, agent = run.id, run.agent
     move(s, run, "over_budget", now=now, error=why)
-    cancel_requests(s, run_id)
+    cancel_requests(s, [run_id])
     emit(s, "run.finished", run_id=run_id, now=now, agent=agent, status="over_budget")
 
 

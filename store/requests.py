@@ -127,23 +127,29 @@ def _apply_policy(row: RequestRow, policy: Policy) -> None:
         row.remind_at = row.expires_at - policy.remind_before
 
 
-def cancel_requests(s: Session, run_id: str) -> None:
-    """Close the run's open requests. Runs waiting on one of them (its batch's `budget`
-    request) go back to their queue to look again; the sweeper sends their turns."""
-    closing = s.exec(
-        select(RequestRow.id).where(
-            RequestRow.run_id == run_id, RequestRow.status == "open", RequestRow.kind == BUDGET_KIND
-        )
-    ).all()
-    # Compare-and-swap: only requests still open; an answered one stays answered.
+def cancel_requests(s: Session, run_ids: Sequence[str]) -> None:
+    """Close these runs' open requests, a chunk of runs a statement. Runs waiting on one
+    of them (a batch's `budget` request) go back to their queue to look again; the
+    sweeper sends their turns."""
     table = RequestRow.__table__  # type: ignore[attr-defined]
-    s.execute(
-        table.update()
-        .where(table.c.run_id == run_id, table.c.status == "open")
-        .values(status="cancelled", outcome="cancelled")
-    )
+    closing: list[str] = []
+    for at in range(0, len(run_ids), IDS_PER_QUERY):
+        chunk = list(run_ids[at : at + IDS_PER_QUERY])
+        closing += s.exec(
+            select(RequestRow.id).where(
+                col(RequestRow.run_id).in_(chunk),
+                RequestRow.status == "open",
+                RequestRow.kind == BUDGET_KIND,
+            )
+        ).all()
+        # Compare-and-swap: only requests still open; an answered one stays answered.
+        s.execute(
+            table.update()
+            .where(table.c.run_id.in_(chunk), table.c.status == "open")
+            .values(status="cancelled", outcome="cancelled")
+        )
     if closing:
-        release_waiters(s, list(closing), utcnow())
+        release_waiters(s, closing, utcnow())
 
 
 def waiters_of(s: Session, request_ids: Sequence[str]) -> list[RunRow]:

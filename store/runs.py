@@ -21,8 +21,8 @@ from relayq import transcript as tx
 from relayq.limits import check_run_input
 from store import statements as sql
 from store.db import Database
-from store.errors import JobExists, UnknownRun
-from store.events import emit
+from store.errors import JobExists, StaleClaim, UnknownRun
+from store.events import emit, emit_many
 from store.messages import conversation, message_row, message_values
 from store.models import FINISHED, MessageRow, OutboxRow, RunRow, utcnow
 from store.outbox import (
@@ -34,13 +34,14 @@ from store.outbox import (
     turn_label,
 )
 from store.requests import cancel_requests
-from store.transitions import move
+from store.transitions import SPENT_MESSAGES, move, transition
 
 __all__ = [
     "CHUNK",
     "CancelAsked",
     "RunSpec",
     "cancel_locked",
+    "cancel_many_locked",
     "cancel_run",
     "create_run",
     "chunked",
@@ -260,15 +261,41 @@ def cancel_locked(s: Session, run: RunRow, now: datetime) -> None:
     """Cancel a run the caller has locked, and close its open requests."""
     run_id, agent = run.id, run.agent
     move(s, run, "cancelled", now=now, cancel_requested=True)
-    cancel_requests(s, run_id)
+    cancel_requests(s, [run_id])
     emit(s, "run.finished", run_id=run_id, now=now, agent=agent, status="cancelled")
+
+
+def cancel_many_locked(s: Session, runs: Sequence[RunRow], now: datetime) -> None:
+    """`cancel_locked` for many runs the caller has locked (a batch's cancel): each step
+    once for them all (an executemany, or a chunk of ids a statement), not once a run."""
+    for status in sorted({run.status for run in runs}):
+        group = [run for run in runs if run.status == status]
+        stmt = transition(status, "cancelled", sets=("cancel_requested",))
+        done = s.execute(
+            stmt,
+            [{"rid": r.id, "v": r.version, "now": now, "cancel_requested": True} for r in group],
+        )
+        if s.get_bind().dialect.supports_sane_multi_rowcount and done.rowcount != len(group):  # type: ignore[attr-defined]
+            raise StaleClaim(group[0].id, group[0].version)
+    ids = [run.id for run in runs]
+    if ids:
+        s.execute(SPENT_MESSAGES, [{"rid": run_id} for run_id in ids])
+    cancel_requests(s, ids)
+    emit_many(
+        s,
+        "run.finished",
+        [{"run_id": r.id, "agent": r.agent, "status": "cancelled"} for r in runs],
+        now=now,
+    )
+    for run in runs:
+        s.expire(run)
 
 
 def fail_locked(s: Session, run: RunRow, now: datetime, error: str) -> None:
     """Fail a run the caller has locked, saying why, and close its open requests."""
     run_id, agent = run.id, run.agent
     move(s, run, "failed", now=now, error=error)
-    cancel_requests(s, run_id)
+    cancel_requests(s, [run_id])
     emit(s, "run.failed", run_id=run_id, now=now, agent=agent, status="failed", error=error)
 
 
