@@ -26,11 +26,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ValidationError
 
 from relayq._errors import AnswerMismatch, ToolkitError
 from relayq._tools import Tool, ToolContext
@@ -274,6 +277,9 @@ def arguments_digest(arguments: dict[str, Any]) -> str:
 
 
 Prompt: TypeAlias = "str | Callable[[dict[str, Any]], str] | None"
+Validate: TypeAlias = "Callable[[dict[str, Any]], object] | type[BaseModel] | None"
+"""Checks a call's arguments before anyone is asked: a pydantic model they must fit, or a
+function (sync or async) that raises when they do not."""
 
 
 def requires_approval(
@@ -289,12 +295,16 @@ def requires_approval(
     escalation: Sequence[EscalationStep] = (),
     prompt: Prompt = None,
     decisions: Sequence[DecisionKind] = DECISIONS,
+    validate: Validate = None,
 ) -> Tool:
     """`tool`, run only once its call is approved, with the approved arguments.
 
     `prompt` is the line a person reads (a string, or a function of the arguments);
     by default the tool's name and description. `decisions` is what a person may
     decide (say `("approve", "decline")`: no edits); every door refuses the others.
+    `validate` checks the arguments before anyone is asked: a call whose arguments do not
+    fit goes back to the model as an error result it can correct, and no person sees it;
+    an approver's edit is checked again before the tool runs with it.
     """
     if tool.fn is None:
         raise ToolkitError(f"relay tool {tool.name!r} is run by its host; it needs no approval")
@@ -314,32 +324,70 @@ def requires_approval(
 
     async def gated(args: dict[str, Any], ctx: ToolContext) -> ToolResult | Request:
         if ctx.answer is None:
+            misfit = await _misfit(validate, args)
+            if misfit is not None:
+                return ToolResult.error(
+                    f"{tool.name} was not called: its arguments do not fit ({misfit}); "
+                    "correct them and call it again"
+                )
             if callable(prompt):  # the user's code: on a thread, never on the loop
                 return await asyncio.to_thread(_ask, tool, policy, prompt, args)
             return _ask(tool, policy, prompt, args)
-        asked = Request(
-            id=ctx.answer.id, kind=APPROVAL_KIND, prompt="", data={"schema": tool.schema}
-        )
-        decision = decision_of(asked, ctx.answer)
-        if decision.kind == "decline":
-            return ToolResult.error(f"declined by the approver: {decision.reason}")
-        run_with = decision.arguments if decision.arguments is not None else args
-        out = await tool.invoke(run_with, dataclasses.replace(ctx, answer=None))
-        if isinstance(out, Request):
-            return ToolResult.error(
-                f"tool {tool.name!r} asked for more after its approval; "
-                "a tool that requires approval cannot suspend again"
-            )
-        if decision.kind == "edit":
-            changes = diff_arguments(args, run_with)
-            said = ", ".join(
-                f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changes.items()
-            )
-            note = f"[The approver changed the arguments before {tool.name} ran: {said}]\n"
-            return ToolResult(output=note + out.output, is_error=out.is_error)
-        return out
+        return await _decided(tool, args, ctx, ctx.answer, validate)
 
     return Tool(name=tool.name, description=tool.description, schema=tool.schema, fn=gated)
+
+
+async def _decided(
+    tool: Tool, args: dict[str, Any], ctx: ToolContext, answer: Answer, validate: Validate
+) -> ToolResult:
+    """The gated call once decided: declined, or run with the arguments approved."""
+    asked = Request(id=answer.id, kind=APPROVAL_KIND, prompt="", data={"schema": tool.schema})
+    decision = decision_of(asked, answer)
+    if decision.kind == "decline":
+        return ToolResult.error(f"declined by the approver: {decision.reason}")
+    run_with = decision.arguments if decision.arguments is not None else args
+    if decision.kind == "edit":
+        misfit = await _misfit(validate, run_with)
+        if misfit is not None:
+            return ToolResult.error(
+                f"{tool.name} did not run: the approver's edit of its arguments does not "
+                f"fit ({misfit})"
+            )
+    out = await tool.invoke(run_with, dataclasses.replace(ctx, answer=None))
+    if isinstance(out, Request):
+        return ToolResult.error(
+            f"tool {tool.name!r} asked for more after its approval; "
+            "a tool that requires approval cannot suspend again"
+        )
+    if decision.kind == "edit":
+        changes = diff_arguments(args, run_with)
+        said = ", ".join(
+            f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changes.items()
+        )
+        note = f"[The approver changed the arguments before {tool.name} ran: {said}]\n"
+        return ToolResult(output=note + out.output, is_error=out.is_error)
+    return out
+
+
+async def _misfit(validate: Validate, args: dict[str, Any]) -> str | None:
+    """Why `args` do not fit `validate`, or None where they do (or nothing checks them)."""
+    if validate is None:
+        return None
+    try:
+        if isinstance(validate, type) and issubclass(validate, BaseModel):
+            validate.model_validate(args)
+        elif inspect.iscoroutinefunction(validate):
+            await validate(args)
+        else:  # the user's code: on a thread, never on the loop
+            await asyncio.to_thread(validate, args)
+    except ValidationError as exc:
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
+        )
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _ask(tool: Tool, policy: Policy, prompt: Prompt, args: dict[str, Any]) -> Request:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, Field
 
 from relayq import (
     Answer,
@@ -314,3 +315,63 @@ async def test_the_decisions_a_tool_offers_travel_with_its_request_and_bound_wha
     assert decision_of(request, decline(request.id, "no")).kind == "decline"
     with pytest.raises(AnswerMismatch, match="by approve, decline only, not edit"):
         decision_of(request, edit(request.id, {"order": "1", "amount": 1}))
+
+
+class RefundAtMost100(BaseModel):
+    order: str
+    amount: float = Field(le=100)
+
+
+def at_most_1000(args: dict[str, Any]) -> None:
+    if args["amount"] > 1000:
+        raise ValueError("refunds over 1000 need a ticket")
+
+
+@pytest.mark.parametrize(
+    ("validate", "misfit"),
+    [
+        (RefundAtMost100, "amount: Input should be less than or equal to 100"),
+        (lambda args: at_most_1000({"amount": args["amount"] * 10}),
+         "ValueError: refunds over 1000 need a ticket"),
+    ],
+)  # fmt: skip
+async def test_arguments_that_do_not_fit_go_back_to_the_model_and_no_person_is_asked(
+    validate: Any, misfit: str
+):
+    ran: list[dict[str, Any]] = []
+    _, _, done = await halted_on_refund(ran, validate=validate)
+
+    assert done.status == "done"
+    assert done.pending is None
+    assert ran == []
+    assert done.tool_calls[0].output == (
+        f"refund was not called: its arguments do not fit ({misfit}); "
+        "correct them and call it again"
+    )
+
+
+def open_order(args: dict[str, Any]) -> None:
+    if args["order"] == "99":
+        raise ValueError("order 99 is closed")
+
+
+async def test_arguments_that_fit_are_asked_about_as_before():
+    ran: list[dict[str, Any]] = []
+    _, _, halted = await halted_on_refund(ran, validate=open_order)
+    assert halted.pending is not None
+    assert ran == []
+
+
+async def test_an_edit_that_does_not_fit_is_not_run():
+    ran: list[dict[str, Any]] = []
+    client, tk, halted = await halted_on_refund(ran, validate=open_order)
+    assert halted.pending is not None
+
+    closed = edit(halted.pending.id, {"order": "99", "amount": 50})
+    done = await client.run_with_answer(tk, halted.messages, halted.pending, closed)
+
+    assert ran == []
+    assert done.tool_calls[0].output == (
+        "refund did not run: the approver's edit of its arguments does not fit "
+        "(ValueError: order 99 is closed)"
+    )
