@@ -81,6 +81,7 @@ def start_batch(
     batch_budget: dict[str, Any] | None = None,
     chunk: int = CHUNK,
     on_chunk: Callable[[list[OutboxRow]], None] | None = None,
+    max_bytes: int | None = None,
 ) -> Started:
     """Start the jobs (`(job id, prompt)`, in input order) of batch `spec.batch_id` (a new
     batch if None or unknown) that have no run yet, as `spec` says; the others keep theirs.
@@ -97,7 +98,7 @@ def start_batch(
     each commits, `on_chunk` gets its first turns' messages to send (a start that
     dies between chunks leaves the rest to a rerun with the same batch id).
     """
-    check_run_input(agent=spec.agent, prompts=[prompt for _, prompt in jobs])
+    check_run_input(agent=spec.agent, prompts=[prompt for _, prompt in jobs], max_bytes=max_bytes)
     ids = [job for job, _ in jobs]
     if len(set(ids)) != len(ids):
         raise ValueError("a batch names each job once")

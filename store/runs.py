@@ -105,13 +105,18 @@ def create_run(
     prompt: str,
     conversation_id: str | None = None,
     job_id: str | None = None,
+    max_bytes: int | None = None,
 ) -> OutboxRow:
     """A queued run with its prompt, started as `spec` says; continues `conversation_id`
-    if it names one. `job_id` says which job of `spec.batch_id` it is."""
-    check_run_input(agent=spec.agent, prompts=[prompt], conversation_id=conversation_id)
+    if it names one. `job_id` says which job of `spec.batch_id` it is. A prompt over
+    `max_bytes` (the caller's `Settings.max_answer_bytes`; by default
+    RELAYQ_MAX_ANSWER_BYTES) is refused here, the one place a prompt's size is checked."""
+    check_run_input(
+        agent=spec.agent, prompts=[prompt], conversation_id=conversation_id, max_bytes=max_bytes
+    )
     if conversation_id is None:
         jobs = None if job_id is None else [job_id]
-        return create_runs(db, spec, [(run_id, prompt)], job_ids=jobs)[0]
+        return create_runs(db, spec, [(run_id, prompt)], job_ids=jobs, max_bytes=max_bytes)[0]
     now = utcnow()
     try:
         with db.write() as s:
@@ -149,6 +154,7 @@ def create_runs(
     runs: list[tuple[str, str]],
     *,
     job_ids: list[str] | None = None,
+    max_bytes: int | None = None,
 ) -> list[OutboxRow]:
     """Many queued runs started as `spec` says, each a new conversation: `runs` is
     (id, prompt); `job_ids`, if given, one per run (the jobs of `spec.batch_id`).
@@ -157,7 +163,7 @@ def create_runs(
     `CHUNK` to a transaction. A caller that dies between two leaves the chunks it
     wrote: a batch (`store.batch_start.start_batch`) is what starts each job exactly once.
     """
-    check_run_input(agent=spec.agent, prompts=[prompt for _, prompt in runs])
+    check_run_input(agent=spec.agent, prompts=[prompt for _, prompt in runs], max_bytes=max_bytes)
     if job_ids is not None and len(job_ids) != len(runs):
         raise ValueError(f"{len(job_ids)} job ids for {len(runs)} runs")
     placed = list(enumerate(job_ids)) if job_ids is not None else None

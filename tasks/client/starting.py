@@ -13,7 +13,6 @@ from typing import Any
 from relayq import new_id
 from relayq.agents import Agent
 from relayq.budgets import Budget
-from relayq.limits import check_run_input
 from store import OutboxRow, RunSpec, Started
 from tasks.broker.dispatch import Dispatch
 from tasks.client.known_agents import KnownAgents
@@ -70,10 +69,6 @@ class Starting:
         self, spec: RunSpec, prompt: str, *, conversation_id: str | None, job_id: str | None
     ) -> str:
         """`DurableClient.start`: returns the run's id."""
-        limit = self.settings.max_answer_bytes
-        check_run_input(
-            agent=spec.agent, prompts=[prompt], conversation_id=conversation_id, max_bytes=limit
-        )
         run_id = new_id("run")
         row = await self.store.create_run(
             spec,
@@ -81,6 +76,7 @@ class Starting:
             prompt=prompt,
             conversation_id=conversation_id,
             job_id=job_id,
+            max_bytes=self.settings.max_answer_bytes,
         )
         await self.publish([row])
         return run_id
@@ -89,10 +85,10 @@ class Starting:
         self, spec: RunSpec, prompts: list[str], *, job_ids: list[str] | None
     ) -> list[str]:
         """`DurableClient.start_many`: returns the runs' ids, in order."""
-        limit = self.settings.max_answer_bytes
-        check_run_input(agent=spec.agent, prompts=prompts, max_bytes=limit)
         runs = [(new_id("run"), prompt) for prompt in prompts]
-        rows = await self.store.create_runs(spec, runs, job_ids=job_ids)
+        rows = await self.store.create_runs(
+            spec, runs, job_ids=job_ids, max_bytes=self.settings.max_answer_bytes
+        )
         await self.publish(rows)
         return [run_id for run_id, _ in runs]
 
@@ -107,8 +103,6 @@ class Starting:
         budget: Budget | None,
     ) -> Started:
         """`DurableClient.start_batch`: returns every job's run."""
-        prompts = [prompt for _, prompt in jobs]
-        check_run_input(agent=spec.agent, prompts=prompts, max_bytes=self.settings.max_answer_bytes)
         loop = asyncio.get_running_loop()
         went = 0
 
@@ -126,6 +120,7 @@ class Starting:
             restart_changed=restart_changed,
             batch_budget=None if budget is None else budget.to_wire(),
             on_chunk=send_chunk,
+            max_bytes=self.settings.max_answer_bytes,
         )
         if went:
             # Not when nothing went: a broker that is down would only be waited for again.

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from relayq import RunResult
-from relayq.limits import DEFAULT_MAX_ANSWER_BYTES, MAX_ANSWER_BYTES_ENV, AnswerTooLarge
+from relayq.limits import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    MAX_ANSWER_BYTES_ENV,
+    AnswerTooLarge,
+    InputTooLarge,
+)
 from relayq.relay import RelayResult, relay_answer, relay_calls_of
 from store import Decider
 from tasks import DurableClient, Settings
@@ -89,3 +94,29 @@ async def test_a_leased_result_over_the_client_s_setting_is_refused_naming_that_
 
     assert refused.value.limit == TWO_MIB
     assert (await client.result(first.run_id)).status == "pending"
+
+
+async def test_a_prompt_over_the_default_but_within_the_client_s_setting_starts_its_run(client):
+    agent = hooked_agent("limited", register=False)
+
+    one = await client.start(agent, BETWEEN)
+    many = await client.start_many(agent, [BETWEEN])
+    batch = await client.start_batch(agent, [("job", BETWEEN)])
+
+    for run_id in [one, *many, *batch.runs.values()]:
+        assert (await client.result(run_id)).status != "failed"
+
+
+async def test_a_prompt_over_the_client_s_setting_starts_nothing_naming_that_limit(client):
+    agent = hooked_agent("limited", register=False)
+    over = "x" * (TWO_MIB + 1)
+
+    for start in (
+        lambda: client.start(agent, over),
+        lambda: client.start_many(agent, [over]),
+        lambda: client.start_batch(agent, [("job", over)]),
+    ):
+        with pytest.raises(InputTooLarge) as refused:
+            await start()
+        assert refused.value.limit == TWO_MIB
+    assert await client.runs() == []
