@@ -251,6 +251,10 @@ class Settings:
     mcp_elicit_wait: timedelta = option("mcp_elicit_wait", default=timedelta(minutes=10))
     """How long `relayq mcp` waits for a client's answer to one elicitation (a person's, at
     a form) before the call ends saying what the run waits on."""
+    mcp_hold: timedelta = option("mcp_hold", default=timedelta(seconds=20))
+    """How long `relayq mcp` holds a call without the tasks extension for its run's next
+    moment before it answers with what the run waits on, or a `requestState` to retry
+    with: under a proxy's idle timeout."""
     turns: TurnSettings = field(default_factory=TurnSettings)
     recovery: RecoverySettings = field(default_factory=RecoverySettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)

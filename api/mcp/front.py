@@ -58,8 +58,9 @@ IGNORED_META = "relayq/ignored"
 (already answered, or not asked), which the extension says to ignore."""
 
 WAIT = 20.0
-"""Seconds a call without the tasks extension waits for its run before it answers with a
-`requestState` to retry with (2026-07-28), or with what the run waits on (earlier)."""
+"""`RELAYQ_MCP_HOLD`'s default: seconds a call without the tasks extension waits for its
+run before it answers with a `requestState` to retry with (2026-07-28), or with what the
+run waits on (earlier)."""
 
 WAITING_META = "relayq/waiting"
 """Under a handshake-era call's result's `_meta`: the run, what it waits on, where to
@@ -234,7 +235,7 @@ class McpFront:
         """Within WAIT seconds: the run's end as a result, or the request it waits on that
         `who` may answer; else (still working, or waiting on an approver) what it waits on,
         or None."""
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + self.settings.mcp_hold.total_seconds()
         while True:
             with contextlib.suppress(TimeoutError):
                 await self.client.settled(run_id, timeout=max(deadline - time.monotonic(), 0))
@@ -250,7 +251,7 @@ class McpFront:
             # (so the client's retries do not spin), then, the wait begun again (a decision
             # is the run moving on), for the run.
             if await self._decided(stored, within=deadline - time.monotonic()):
-                deadline = time.monotonic() + WAIT
+                deadline = time.monotonic() + self.settings.mcp_hold.total_seconds()
 
     # --- handshake-era clients (2024-11-05 to 2025-11-25) ----------------------------------
 

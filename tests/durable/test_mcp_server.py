@@ -79,6 +79,9 @@ def served(durable: Durable, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "RELAYQ_API_TOKENS": f"{TOKENS},sue:submitter:{OTHER_SUBMITTER}",
         "RELAYQ_API_SECRET": SECRET,
         "RELAYQ_MCP_ELICIT_WAIT": str(ELICIT_WAIT),
+        # A call is held for its run longer than by default: an approval decided elsewhere
+        # comes after the test's own polls, which a loaded machine slows down.
+        "RELAYQ_MCP_HOLD": "60",
     }
     logs = tmp_path_factory.mktemp("mcp")
     ports = (free_port(), free_port())
