@@ -68,7 +68,8 @@ class DecisionOut(CamelModel):
     """One row of the audit trail."""
 
     id: int
-    request_id: str
+    request_id: str | None
+    """None for a call its policy decided without asking."""
     run_id: str
     agent: str
     tool: str | None
@@ -82,6 +83,8 @@ class DecisionOut(CamelModel):
     reason: str | None
     arguments_hash: str | None
     diff: dict[str, Any] | None
+    through: str
+    """person, system, policy or grant:<id>: what decided."""
     at: datetime
 
     @classmethod
@@ -103,6 +106,7 @@ class DecisionOut(CamelModel):
             reason=row.reason,
             arguments_hash=row.arguments_hash,
             diff=row.diff,
+            through=row.through,
             at=row.at,
         )
 
@@ -218,6 +222,7 @@ async def audit(
     actor: str | None = None,
     agent: str | None = None,
     outcome: str | None = None,
+    through: str | None = None,
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> AuditPage:
@@ -230,6 +235,7 @@ async def audit(
         actor=actor,
         agent=agent,
         outcome=outcome,
+        through=through,
         cursor=cursor,
         limit=limit,
     )

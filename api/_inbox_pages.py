@@ -151,6 +151,7 @@ def _decision_of(row: DecisionRow) -> dict[str, Any]:
         "outcome": row.outcome,
         "reason": row.reason or "",
         "diff": row.diff,
+        "through": row.through,
         "at": when(row.at),
     }
 

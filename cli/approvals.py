@@ -95,7 +95,13 @@ def audit(
     agent: Annotated[str | None, typer.Option(help="Only requests of this agent.")] = None,
     outcome: Annotated[
         str | None,
-        typer.Option(help="approved, edited, declined, answered, expired, escalated, overdue"),
+        typer.Option(
+            help="approved, edited, declined, answered, expired, escalated, overdue, denied, asked"
+        ),
+    ] = None,
+    through: Annotated[
+        str | None,
+        typer.Option(help="What decided: person, system, policy, or grant:<id>."),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="Decisions per page.")] = 50,
     cursor: Annotated[
@@ -112,6 +118,7 @@ def audit(
         actor=actor,
         agent=agent,
         outcome=outcome,
+        through=through,
         cursor=cursor,
         limit=limit,
     )
@@ -135,22 +142,24 @@ def audit(
                 "outcome": r.outcome,
                 "reason": r.reason,
                 "diff": r.diff,
+                "through": r.through,
                 "at": r.at.isoformat(),
             }
             for r in rows
         ]
         out.print_json(json.dumps({"items": items, "nextCursor": more}))
         return
-    table = Table("at", "request", "agent", "tool", "who", "via", "outcome", "reason")
+    table = Table("at", "request", "agent", "tool", "who", "via", "through", "outcome", "reason")
     for r in rows:
         who = r.actor if r.os_user is None else f"{r.actor} ({r.os_user})"
         table.add_row(
             r.at.strftime("%Y-%m-%d %H:%M:%S"),
-            r.request_id,
+            r.request_id or "(not asked)",
             r.agent,
             r.tool or "",
             who,
             r.via,
+            r.through,
             r.outcome,
             r.reason or "",
         )

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from relayq._errors import ToolkitError
 from relayq._types import Answer, Request, ToolResult
+from relayq.policies import Gatekeeper
 
 __all__ = ["Tool", "ToolContext", "ToolFn", "define_tool", "tool"]
 
@@ -44,6 +45,14 @@ class ToolContext:
     """1 on the call's first execution; 1 more each time it runs again because a worker
     died (or lost its claim) before its result was recorded. Above 1, an earlier
     execution may have done its side effect: check `idempotency_key` before doing it again."""
+    agent: str = ""
+    """The agent whose run made the call ("" in-process)."""
+    conversation_id: str | None = None
+    started_by: str | None = None
+    """Who started the run: a token's name, `cli:<os user>`; None where nobody said."""
+    gatekeeper: Gatekeeper = field(default_factory=Gatekeeper)
+    """Where an approval policy's outcomes are kept and its grants are found
+    (`relayq.policies`)."""
 
     @property
     def idempotency_key(self) -> str:

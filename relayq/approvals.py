@@ -25,19 +25,32 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import inspect
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from relayq._errors import AnswerMismatch, ToolkitError
 from relayq._tools import Tool, ToolContext
 from relayq._types import Answer, Request, ToolResult
+from relayq.matching import parse_constraints
+from relayq.policies import (
+    Deny,
+    Predicate,
+    Refuse,
+    Rules,
+    RunUnasked,
+    Validate,
+    arguments_digest,
+    denial,
+    denied_by,
+    misfit,
+    note,
+    screen,
+)
 
 __all__ = [
     "APPROVAL_KIND",
@@ -102,6 +115,8 @@ class Policy:
     escalation: tuple[EscalationStep, ...] = ()
     decisions: tuple[DecisionKind, ...] = DECISIONS
     """What a person may decide (every door offers only these, and refuses the others)."""
+    deny: tuple[str, ...] = ()
+    """The tool's deny rules (`relayq.matching` constraints): an edit meeting one is refused."""
 
     def __post_init__(self) -> None:
         if self.quorum < 1 or self.declines < 1:
@@ -120,6 +135,7 @@ class Policy:
             raise ToolkitError("on_expiry='escalate' needs at least one escalation step")
         if any(not isinstance(g, str) or not g for g in self.approvers):
             raise ToolkitError("approver groups are non-empty strings")
+        parse_constraints(list(self.deny))
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -131,6 +147,7 @@ class Policy:
             "onExpiry": self.on_expiry,
             "escalation": [step.to_wire() for step in self.escalation],
             "decisions": list(self.decisions),
+            "deny": list(self.deny),
         }
 
 
@@ -160,6 +177,7 @@ def policy_of(request: Request) -> Policy:
             for step in wire.get("escalation") or ()
         ),
         decisions=tuple(wire.get("decisions") or DECISIONS),
+        deny=tuple(wire.get("deny") or ()),
     )
 
 
@@ -230,6 +248,7 @@ def decision_of(request: Request, answer: Answer) -> Decision:
     if not isinstance(arguments, dict):
         raise AnswerMismatch(f"an edit of {request.id} takes an arguments object", request.id)
     _check_schema(request, arguments)
+    _check_policy(request, arguments)
     return Decision(kind="edit", arguments=arguments)
 
 
@@ -243,7 +262,30 @@ def _allowed(request: Request, kind: DecisionKind) -> None:
 
 
 def _check_schema(request: Request, arguments: dict[str, Any]) -> None:
-    schema = request.data.get("schema") or {"type": "object"}
+    fits = "the budget's limits" if request.kind == BUDGET_KIND else "the tool's schema"
+    _check_against(request, request.data.get("schema") or {"type": "object"}, arguments, fits)
+
+
+def _check_policy(request: Request, arguments: dict[str, Any]) -> None:
+    """An edit is put through the policy's rules the door can read: the deny rules, and the
+    JSON schema of a pydantic `validate=`."""
+    denied = denial(parse_constraints(list(policy_of(request).deny)), arguments)
+    if denied is not None and not denied.told:
+        raise AnswerMismatch(f"the edited arguments of {request.id}: {denied.reason}", request.id)
+    if denied is not None:
+        raise AnswerMismatch(
+            f"the edited arguments of {request.id} are refused by the tool's policy: "
+            f"{denied.reason}",
+            request.id,
+        )
+    validates = request.data.get("validates")
+    if isinstance(validates, dict):
+        _check_against(request, validates, arguments, "the tool's validation")
+
+
+def _check_against(
+    request: Request, schema: dict[str, Any], arguments: dict[str, Any], fits: str
+) -> None:
     import jsonschema  # a tenth of a second at every process's start, for approvals' edits only
 
     validator = jsonschema.validators.validator_for(schema)(schema)
@@ -251,7 +293,6 @@ def _check_schema(request: Request, arguments: dict[str, Any]) -> None:
     if errors:
         first = errors[0]
         where = ".".join(str(p) for p in first.absolute_path) or "(the arguments)"
-        fits = "the budget's limits" if request.kind == BUDGET_KIND else "the tool's schema"
         raise AnswerMismatch(
             f"the edited arguments of {request.id} do not fit {fits}: "
             f"{where}: {first.message[:200]}",
@@ -270,16 +311,7 @@ def diff_arguments(before: dict[str, Any], after: dict[str, Any]) -> dict[str, l
     return {k: [before.get(k), after.get(k)] for k in keys if before.get(k) != after.get(k)}
 
 
-def arguments_digest(arguments: dict[str, Any]) -> str:
-    """A hash of the arguments a decider saw, for the audit trail."""
-    blob = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
 Prompt: TypeAlias = "str | Callable[[dict[str, Any]], str] | None"
-Validate: TypeAlias = "Callable[[dict[str, Any]], object] | type[BaseModel] | None"
-"""Checks a call's arguments before anyone is asked: a pydantic model they must fit, or a
-function (sync or async) that raises when they do not."""
 
 
 def requires_approval(
@@ -295,21 +327,29 @@ def requires_approval(
     escalation: Sequence[EscalationStep] = (),
     prompt: Prompt = None,
     decisions: Sequence[DecisionKind] = DECISIONS,
+    deny: Deny = None,
     validate: Validate = None,
+    when: Predicate | None = None,
+    grantable: bool = True,
 ) -> Tool:
     """`tool`, run only once its call is approved, with the approved arguments.
 
-    `prompt` is the line a person reads (a string, or a function of the arguments);
-    by default the tool's name and description. `decisions` is what a person may
-    decide (say `("approve", "decline")`: no edits); every door refuses the others.
-    `validate` checks the arguments before anyone is asked: a call whose arguments do not
-    fit goes back to the model as an error result it can correct, and no person sees it;
-    an approver's edit is checked again before the tool runs with it.
+    Each call goes through the policy's steps in order (`relayq.policies`): `deny`
+    (constraints such as `["amount > 10000"]`, or a predicate `(args, ctx)`) refuses it
+    at once; `validate` (a pydantic model, or a function that raises) sends arguments
+    that misfit back to the model; `when` (a predicate `(args, ctx)`) false runs it
+    without asking; a standing grant may approve it (unless `grantable=False`); else a
+    person is asked. `prompt` is the line a person reads (a string, or a function of the
+    arguments); by default the tool's name and description. `decisions` is what a person
+    may decide (say `("approve", "decline")`: no edits); every door refuses the others.
+    An approver's edit is checked against the schema, the deny rules and a pydantic
+    `validate` at every door, and against the predicates before the tool runs with it.
     """
     if tool.fn is None:
         raise ToolkitError(f"relay tool {tool.name!r} is run by its host; it needs no approval")
     if remind_before is not None and expires_in is None:
         raise ToolkitError("remind_before needs expires_in: a reminder comes before a deadline")
+    rules = Rules.of(deny=deny, validate=validate, when=when, grantable=grantable)
     policy = Policy(
         approvers=tuple(approvers or ()),
         quorum=quorum,
@@ -320,77 +360,93 @@ def requires_approval(
         on_expiry=on_expiry,
         escalation=tuple(escalation),
         decisions=tuple(decisions),
+        deny=tuple(str(rule) for rule in rules.deny_rules),
     )
+    validates = None
+    if isinstance(validate, type) and issubclass(validate, BaseModel):
+        validates = validate.model_json_schema()
 
     async def gated(args: dict[str, Any], ctx: ToolContext) -> ToolResult | Request:
-        if ctx.answer is None:
-            misfit = await _misfit(validate, args)
-            if misfit is not None:
-                return ToolResult.error(
-                    f"{tool.name} was not called: its arguments do not fit ({misfit}); "
-                    "correct them and call it again"
-                )
-            if callable(prompt):  # the user's code: on a thread, never on the loop
-                return await asyncio.to_thread(_ask, tool, policy, prompt, args)
-            return _ask(tool, policy, prompt, args)
-        return await _decided(tool, args, ctx, ctx.answer, validate)
+        if ctx.answer is not None:
+            return await _decided(tool, args, ctx, ctx.answer, rules)
+        screened = await screen(rules, tool.name, args, ctx)
+        if isinstance(screened, Refuse):
+            return ToolResult.error(screened.message)
+        if isinstance(screened, RunUnasked):
+            return await _run(tool, args, ctx)
+        if callable(prompt):  # the user's code: on a thread, never on the loop
+            request = await asyncio.to_thread(_ask, tool, policy, prompt, args, validates)
+        else:
+            request = _ask(tool, policy, prompt, args, validates)
+        if screened.why is not None:
+            await note(ctx, tool.name, args, "asked", "policy", screened.why, request_id=request.id)
+        return request
 
     return Tool(name=tool.name, description=tool.description, schema=tool.schema, fn=gated)
 
 
 async def _decided(
-    tool: Tool, args: dict[str, Any], ctx: ToolContext, answer: Answer, validate: Validate
+    tool: Tool, args: dict[str, Any], ctx: ToolContext, answer: Answer, rules: Rules
 ) -> ToolResult:
     """The gated call once decided: declined, or run with the arguments approved."""
     asked = Request(id=answer.id, kind=APPROVAL_KIND, prompt="", data={"schema": tool.schema})
     decision = decision_of(asked, answer)
     if decision.kind == "decline":
         return ToolResult.error(f"declined by the approver: {decision.reason}")
-    run_with = decision.arguments if decision.arguments is not None else args
-    if decision.kind == "edit":
-        misfit = await _misfit(validate, run_with)
-        if misfit is not None:
-            return ToolResult.error(
-                f"{tool.name} did not run: the approver's edit of its arguments does not "
-                f"fit ({misfit})"
-            )
-    out = await tool.invoke(run_with, dataclasses.replace(ctx, answer=None))
+    if decision.arguments is None:
+        return await _run(tool, args, ctx)
+    edited = decision.arguments
+    refused = await _edit_refused(rules, edited, ctx)
+    if refused is not None:
+        return ToolResult.error(
+            f"{tool.name} did not run: the approver's edit of its arguments {refused}"
+        )
+    out = await _run(tool, edited, ctx)
+    changes = diff_arguments(args, edited)
+    said = ", ".join(f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changes.items())
+    note_ = f"[The approver changed the arguments before {tool.name} ran: {said}]\n"
+    return ToolResult(output=note_ + out.output, is_error=out.is_error)
+
+
+async def _edit_refused(rules: Rules, edited: dict[str, Any], ctx: ToolContext) -> str | None:
+    """Why an approver's edit may not run (the policy's deny and validate steps), or None.
+
+    The doors checked the rules they can read (`decision_of`); a predicate or a function
+    is the tool's code, checked here. One that raises refuses: an edit is not asked
+    about again.
+    """
+    ruled = denial(rules.deny_rules, edited)
+    if ruled is not None:
+        return f"is refused by its policy ({ruled.reason})"
+    try:
+        denied = await denied_by(rules.deny, edited, ctx)
+    except Exception as exc:
+        return f"could not be checked against its policy ({type(exc).__name__}: {str(exc)[:200]})"
+    if denied:
+        return f"is refused by its policy ({denied})"
+    wrong = await misfit(rules.validate, edited)
+    if wrong is not None:
+        return f"does not fit ({wrong})"
+    return None
+
+
+async def _run(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    out = await tool.invoke(args, dataclasses.replace(ctx, answer=None))
     if isinstance(out, Request):
         return ToolResult.error(
             f"tool {tool.name!r} asked for more after its approval; "
             "a tool that requires approval cannot suspend again"
         )
-    if decision.kind == "edit":
-        changes = diff_arguments(args, run_with)
-        said = ", ".join(
-            f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changes.items()
-        )
-        note = f"[The approver changed the arguments before {tool.name} ran: {said}]\n"
-        return ToolResult(output=note + out.output, is_error=out.is_error)
     return out
 
 
-async def _misfit(validate: Validate, args: dict[str, Any]) -> str | None:
-    """Why `args` do not fit `validate`, or None where they do (or nothing checks them)."""
-    if validate is None:
-        return None
-    try:
-        if isinstance(validate, type) and issubclass(validate, BaseModel):
-            validate.model_validate(args)
-        elif inspect.iscoroutinefunction(validate):
-            await validate(args)
-        else:  # the user's code: on a thread, never on the loop
-            await asyncio.to_thread(validate, args)
-    except ValidationError as exc:
-        return "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
-        )
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def _ask(tool: Tool, policy: Policy, prompt: Prompt, args: dict[str, Any]) -> Request:
+def _ask(
+    tool: Tool,
+    policy: Policy,
+    prompt: Prompt,
+    args: dict[str, Any],
+    validates: dict[str, Any] | None,
+) -> Request:
     if callable(prompt):
         line = prompt(args)
     elif prompt is not None:
@@ -400,14 +456,8 @@ def _ask(tool: Tool, policy: Policy, prompt: Prompt, args: dict[str, Any]) -> Re
     expires_at = None
     if policy.expires_in is not None:
         expires_at = datetime.now(UTC) + policy.expires_in
-    return Request(
-        kind=APPROVAL_KIND,
-        prompt=line,
-        data={
-            "tool": tool.name,
-            "arguments": args,
-            "schema": tool.schema,
-            "policy": policy.to_wire(),
-        },
-        expires_at=expires_at,
-    )
+    data = {"tool": tool.name, "arguments": args, "schema": tool.schema}
+    if validates is not None:
+        data["validates"] = validates
+    data["policy"] = policy.to_wire()
+    return Request(kind=APPROVAL_KIND, prompt=line, data=data, expires_at=expires_at)

@@ -16,7 +16,7 @@ from relayq import transcript as tx
 from relayq._errors import ResumeError
 from relayq._toolkit import Toolkit
 from relayq._types import Answer, Request, RunResult, new_id
-from relayq.loop import Cancel, Turn, WaitFor, apply_answer, take_turn
+from relayq.loop import Cancel, RunFacts, Turn, WaitFor, apply_answer, take_turn
 from relayq.model import (
     Generate,
     InProcessRequest,
@@ -25,6 +25,7 @@ from relayq.model import (
     Model,
     as_model,
 )
+from relayq.policies import Gatekeeper
 
 __all__ = [
     "ConversationStore",
@@ -89,6 +90,7 @@ class InProcessClient:
         system_prompt: str | None = None,
         store: ConversationStore | None = None,
         model_name: str = "in-process",
+        gatekeeper: Gatekeeper | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
@@ -97,6 +99,7 @@ class InProcessClient:
         self._max_turns = max_turns
         self._system_prompt = system_prompt
         self._model_name = model_name
+        self._facts = RunFacts(gatekeeper=gatekeeper or Gatekeeper())
         self.store: ConversationStore = store if store is not None else InMemoryConversationStore()
 
     async def run(
@@ -178,6 +181,7 @@ class InProcessClient:
                 model_name=self._model_name,
                 wait_for=self._wait_for,
                 cancel=cancel,
+                facts=self._facts,
             )
             if turn.status != "next":
                 return result_of(turn, run_id)
@@ -191,12 +195,15 @@ def create_in_process_client(
     max_turns: int = 10,
     system_prompt: str | None = None,
     store: ConversationStore | None = None,
+    gatekeeper: Gatekeeper | None = None,
 ) -> InProcessClient:
     """A client whose model is your `generate(InProcessRequest) -> InProcessResponse`.
 
     `generate` and `wait_for` may be sync or async. Without `wait_for` a run that
     calls a relay tool (or a tool returning `pending(...)`) halts with
-    `status == "pending"`; with it, each request is answered inline.
+    `status == "pending"`; with it, each request is answered inline. `gatekeeper`
+    keeps what approval policies decide without a person, and holds standing grants
+    (`relayq.policies.Gatekeeper`; by default none, and nothing kept).
     """
     return InProcessClient(
         model=as_model(generate),
@@ -204,4 +211,5 @@ def create_in_process_client(
         max_turns=max_turns,
         system_prompt=system_prompt,
         store=store,
+        gatekeeper=gatekeeper,
     )

@@ -16,7 +16,7 @@ import asyncio
 import inspect
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeAlias
 
@@ -33,6 +33,7 @@ from relayq._tools import Tool, ToolContext
 from relayq._types import Answer, Request, ToolResult
 from relayq.approvals import decision_of, is_approval
 from relayq.model import InProcessRequest, InProcessToolCall, Model
+from relayq.policies import Gatekeeper
 from relayq.relay import (
     RelayCall,
     declined_result,
@@ -42,7 +43,16 @@ from relayq.relay import (
     relay_results_of,
 )
 
-__all__ = ["Cancel", "Journal", "Turn", "TurnStatus", "WaitFor", "apply_answer", "take_turn"]
+__all__ = [
+    "Cancel",
+    "Journal",
+    "RunFacts",
+    "Turn",
+    "TurnStatus",
+    "WaitFor",
+    "apply_answer",
+    "take_turn",
+]
 
 TurnStatus = Literal["next", "done", "pending", "incomplete"]
 WaitFor: TypeAlias = Callable[[Request], "Answer | Awaitable[Answer]"]
@@ -98,9 +108,20 @@ class Journal:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunFacts:
+    """What a tool's context says of the run beyond its id (`ToolContext`)."""
+
+    agent: str = ""
+    conversation_id: str | None = None
+    started_by: str | None = None
+    gatekeeper: Gatekeeper = field(default_factory=Gatekeeper)
+
+
+@dataclass(frozen=True, kw_only=True)
 class _Ctx:
     toolkit: Toolkit
     run_id: str
+    facts: RunFacts
     journal: Journal
     wait_for: WaitFor | None
     cancel: Cancel | None
@@ -145,9 +166,11 @@ async def take_turn(
     wait_for: WaitFor | None = None,
     cancel: Cancel | None = None,
     tool_timeout: float | None = None,
+    facts: RunFacts | None = None,
 ) -> Turn:
     """Take one turn of the run whose transcript is `messages` (not modified); a local
-    tool's call without a timeout of its own is given up on after `tool_timeout` s."""
+    tool's call without a timeout of its own is given up on after `tool_timeout` s;
+    `facts` are what its tools' contexts say of the run."""
     messages = list(messages)
     start, turns = tx.survey(messages)  # one pass over the transcript, however long
     if start < 0:
@@ -155,6 +178,7 @@ async def take_turn(
     ctx = _Ctx(
         toolkit=toolkit,
         run_id=run_id,
+        facts=facts or RunFacts(),
         journal=journal or Journal(),
         wait_for=wait_for,
         cancel=cancel,
@@ -362,6 +386,10 @@ async def _invoke(
                 answer=answer,
                 turn=turn,
                 attempt=await ctx.journal.starting(slot.at, call.id, attempt, tool=call.name),
+                agent=ctx.facts.agent,
+                conversation_id=ctx.facts.conversation_id,
+                started_by=ctx.facts.started_by,
+                gatekeeper=ctx.facts.gatekeeper,
             )
             outcome = await tool.invoke(args, tool_ctx, timeout=ctx.tool_timeout)
             await ctx.journal.record(slot.at, call.id, attempt, outcome)

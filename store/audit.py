@@ -2,8 +2,10 @@
 
 Every decision on a request is one row: a person's approval, edit, decline or
 answer (each vote of a quorum too), and the system's expiries and
-escalations. Nothing in relayq updates or deletes a row here (a test holds
-every statement the application runs to that).
+escalations; and every call an approval policy decided without asking
+(`through: "policy"` or `"grant:<id>"`, `relayq.policies`), one row a call. Nothing in
+relayq updates or deletes a row here (a test holds every statement the application
+runs to that).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from relayq.policies import PolicyNote
 from store.db import Database
 from store.models import DecisionRow, RequestRow, utcnow
 from store.paging import BadQuery, decode_cursor, encode_cursor
@@ -27,6 +31,8 @@ __all__ = [
     "Via",
     "decisions_of",
     "list_decisions",
+    "note_policy",
+    "policy_row",
     "record_decision",
 ]
 
@@ -34,6 +40,8 @@ Via: TypeAlias = Literal["inbox", "api", "cli", "python", "system"]
 DecisionOutcome: TypeAlias = Literal[
     "approved", "edited", "declined", "answered", "expired", "escalated", "overdue"
 ]
+POLICY = "relayq:policy"
+"""The actor of a row an approval policy wrote."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,9 +94,45 @@ def record_decision(
             reason=reason,
             arguments_hash=arguments_hash,
             diff=diff,
+            through="system" if decider.via == "system" else "person",
             at=now or utcnow(),
         )
     )
+
+
+def policy_row(note: PolicyNote, *, now: datetime | None = None) -> DecisionRow:
+    """The trail's row for a call its policy decided."""
+    return DecisionRow(
+        request_id=note.request_id,
+        run_id=note.run_id,
+        agent=note.agent,
+        tool=note.tool,
+        call_ids=[note.call_id],
+        actor=POLICY,
+        role="system",
+        via="system",
+        outcome=note.outcome,
+        reason=note.reason,
+        arguments_hash=note.arguments_hash,
+        through=note.through,
+        call_key=note.call_key,
+        at=now or utcnow(),
+    )
+
+
+def note_policy(db: Database, note: PolicyNote) -> None:
+    """Append what a policy decided on a call, once: a call run again (its worker died)
+    finds its row kept and adds none."""
+    try:
+        with db.write() as s:
+            if _noted(s, note.call_key) is None:
+                s.add(policy_row(note))
+    except IntegrityError:
+        pass  # another execution of the call noted it in between
+
+
+def _noted(s: Session, call_key: str) -> DecisionRow | None:
+    return s.exec(select(DecisionRow).where(DecisionRow.call_key == call_key)).first()
 
 
 def decisions_of(db: Database, request_id: str | Sequence[str]) -> list[DecisionRow]:
@@ -116,7 +160,9 @@ class AuditQuery:
     actor: str | None = None
     agent: str | None = None
     outcome: str | None = None
-    """approved, edited, declined, answered, expired, escalated or overdue."""
+    """approved, edited, declined, answered, expired, escalated, overdue, denied or asked."""
+    through: str | None = None
+    """person, system, policy, or grant:<id>."""
     cursor: str | None = None
     """The cursor of the page before, for the page after it; it carries that page's
     filters, which then stand in for these."""
@@ -129,6 +175,7 @@ class AuditQuery:
             "actor": self.actor,
             "agent": self.agent,
             "outcome": self.outcome,
+            "through": self.through,
         }
 
 
@@ -151,7 +198,7 @@ def list_decisions(
         listing = listing.where(col(DecisionRow.at) >= filters.since)
     if filters.until is not None:
         listing = listing.where(col(DecisionRow.at) < filters.until)
-    for name in ("actor", "agent", "outcome"):
+    for name in _TEXTS:
         value = getattr(filters, name)
         if value:  # an empty value is no filter, as in every listing
             listing = listing.where(getattr(DecisionRow, name) == value)
@@ -168,6 +215,8 @@ def list_decisions(
 
 
 _AUDIT = "audit"
+_TEXTS = ("actor", "agent", "outcome", "through")
+"""The filters of text, each an exact match."""
 
 
 def _carried(cursor: str) -> tuple[int, AuditQuery]:
@@ -175,7 +224,7 @@ def _carried(cursor: str) -> tuple[int, AuditQuery]:
     try:
         if not isinstance(before_id, int) or not isinstance(raw, dict):
             raise ValueError(raw)
-        texts = {k: raw[k] for k in ("actor", "agent", "outcome")}
+        texts: dict[str, Any] = {k: raw.get(k) for k in _TEXTS}
         if not all(v is None or isinstance(v, str) for v in texts.values()):
             raise ValueError(texts)
         since, until = (

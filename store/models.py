@@ -304,13 +304,15 @@ class DecisionRow(SQLModel, table=True):
     __tablename__ = "relayq_decisions"
 
     id: int | None = Field(default=None, primary_key=True)
-    request_id: str = Field(index=True)
+    request_id: str | None = Field(default=None, index=True)
+    """The request decided; None for a call its policy decided without asking."""
     run_id: str
     agent: str = Field(index=True)
     tool: str | None = None
     call_ids: list[str] = _json()
     actor: str = Field(index=True)
-    """Who: a token's name, `cli:<os user>`, or `relayq:expiry` for the system."""
+    """Who: a token's name, `cli:<os user>`, `relayq:expiry` or `relayq:policy` for the
+    system."""
     role: str | None = None
     groups: list[str] = _json()
     via: str
@@ -318,7 +320,14 @@ class DecisionRow(SQLModel, table=True):
     os_user: str | None = None
     """The operating-system user, for decisions made with the CLI."""
     outcome: str = Field(index=True)
-    """approved | edited | declined | answered | voted | expired | escalated"""
+    """approved | edited | declined | answered | voted | expired | escalated | overdue |
+    denied | asked"""
+    through: str = Field(default="person", sa_column_kwargs={"server_default": "person"})
+    """What decided: `person`, `system` (a deadline), `policy` (the tool's policy, without
+    asking), or `grant:<id>` (a standing grant)."""
+    call_key: str | None = Field(default=None, unique=True, index=True)
+    """The call's idempotency key, for a row its policy wrote: one per call, however often
+    the call is run."""
     reason: str | None = None
     arguments_hash: str | None = None
     """SHA-256 of the arguments the decider saw."""

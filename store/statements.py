@@ -50,7 +50,7 @@ LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 # The statements every turn runs, built once.
 _CLAIMED = (
     "version", "agent", "conversation_id", "tools_digest", "attempts", "crashes", "turns",
-    "total_tokens", "cost", "budget", "batch_id", "suspect", "held_alone",
+    "total_tokens", "cost", "budget", "batch_id", "suspect", "held_alone", "started_by",
 )  # fmt: skip
 
 

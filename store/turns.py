@@ -77,6 +77,8 @@ class Claim:
     """The claimant's process runs this turn alone: its death counts as the turn's."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """The conversation's transcript as the claim found it."""
+    started_by: str | None = None
+    """Who started the run (a tool's `ToolContext.started_by`)."""
 
 
 def claim_turn(
@@ -202,6 +204,7 @@ def _claim_of(
         suspect=bool(run.suspect),
         alone=bool(run.held_alone),
         messages=messages,
+        started_by=run.started_by,
     )
 
 

@@ -186,6 +186,7 @@ class StoreDoor:
     bulk_choice = verb(answers.bulk_choice, long=True)
     decisions_of = verb(audit.decisions_of)
     list_decisions = verb(audit.list_decisions, long=True)
+    note_policy = verb(audit.note_policy)
 
     # Relay calls leased by hosts.
     lease_calls = verb(leases.lease_calls)

@@ -35,7 +35,7 @@ from celery.exceptions import Retry
 from relayq import ModelError, RunCancelled, Toolkit
 from relayq import transcript as tx
 from relayq.agents import Agent, AgentError
-from relayq.loop import Turn, take_turn
+from relayq.loop import RunFacts, Turn, take_turn
 from relayq.pricing import cost_of
 from relayq.ratelimit import Throttled
 from relayq.relay import relay_calls_of
@@ -56,6 +56,7 @@ from tasks.runner.process import current_runtime
 from tasks.runner.runtime import Runtime
 from tasks.runner.turn.budgets import check_budget, stopped_by_budget
 from tasks.runner.turn.failed import OutOfTime, TurnFailed, fail_turn, stored_error
+from tasks.runner.turn.gatekeeper import StoreGatekeeper
 from tasks.runner.turn.hooks import TurnReport, watched
 from tasks.runner.turn.journal import StoreJournal
 from tasks.runner.turn.waits import (
@@ -209,6 +210,12 @@ async def _claimed(
                             journal=journal,
                             cancel=journal,
                             tool_timeout=_seconds(agent.tool_timeout),
+                            facts=RunFacts(
+                                agent=claim.agent,
+                                conversation_id=claim.conversation_id,
+                                started_by=claim.started_by,
+                                gatekeeper=StoreGatekeeper(rt),
+                            ),
                         )
                 except TimeoutError:
                     if not deadline.expired():

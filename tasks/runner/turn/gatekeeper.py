@@ -1,0 +1,23 @@
+"""`StoreGatekeeper`: what a gated tool's policy decides without a person, kept in the store.
+
+A call denied, or run because its `when=` was false, is one row of the audit trail
+(`store.audit.note_policy`), written as the tool decides it, before it runs: a call
+run again after its worker died finds the row and adds none.
+"""
+
+from __future__ import annotations
+
+from relayq.policies import Gatekeeper, PolicyNote
+from tasks.runner.runtime import Runtime
+
+__all__ = ["StoreGatekeeper"]
+
+
+class StoreGatekeeper(Gatekeeper):
+    """The audit trail of one worker's gated calls."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def note(self, note: PolicyNote) -> None:
+        await self.rt.store.note_policy(note)
