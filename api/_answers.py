@@ -17,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 from api._errors import http_error
 from relayq import Answer, ResumeError
 from relayq.approvals import is_approval
+from relayq.grants import GrantTerms
 from relayq.relay import RelayResult, relay_calls_of
 from relayq.replies import Data, Decided, Declined, Reply, Results, answer_to
 from store import Decider, StoredRequest
+from store.grants import GrantRefused
 from tasks import DurableClient
 
 __all__ = ["AnswerBody", "answer_request", "approval", "stored_request"]
@@ -96,12 +98,16 @@ async def answer_request(
     decider: Decider,
     partial: bool = False,
     decision: bool = False,
+    grant: GrantTerms | None = None,
 ) -> StoredRequest:
-    """Submit the answer (given as a decision, with `decision`); 404, 409, 413 or 422 from
-    the refusal's type (nothing changed)."""
+    """Submit the answer (given as a decision, with `decision`; making a standing grant
+    with it, with `grant`); 403, 404, 409, 413 or 422 from the refusal's type (nothing
+    changed)."""
     try:
-        await client.submit_answer(answer, partial=partial, decider=decider, decision=decision)
-    except ResumeError as exc:
+        await client.submit_answer(
+            answer, partial=partial, decider=decider, decision=decision, grant=grant
+        )
+    except (ResumeError, GrantRefused) as exc:
         raise http_error(exc) from exc
     return await stored_request(client, answer.id)
 

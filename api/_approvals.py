@@ -21,23 +21,55 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from api._answers import stored_request
 from api._auth import Answerer, Principal, Reader
 from api._errors import http_error, refusals
 from api._limits import Keepable
 from api._state import client_of
-from relayq import Answer, BulkRefused, NotAnApproval, ResumeError
+from relayq import Answer, BulkRefused, NotAnApproval, ResumeError, ToolkitError
+from relayq.grants import MAX_USES, GrantScope, GrantTerms, parse_duration
 from relayq.replies import Decided, answer_to
 from relayq.wire import CamelModel
 from store import AuditQuery, Decider, StoredRequest
 from store.answers import MAX_BULK
 from store.models import DecisionRow
 
-__all__ = ["BulkBody", "DecisionBody", "DecisionOut", "decider_of", "router"]
+__all__ = ["BulkBody", "DecisionBody", "GrantBody", "DecisionOut", "decider_of", "router"]
 
 router = APIRouter(prefix="/api", tags=["api"], responses=refusals(401, 403, 422, 503))
+
+
+class GrantBody(BaseModel):
+    """The grant a decision makes: `{scope, for, max_uses, match}`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    scope: GrantScope = "run"
+    lasts: float | str = Field(validation_alias=AliasChoices("for", "lasts"))
+    """How long it lasts: seconds, or `"8h"`, `"30m"`, `"2d"`."""
+    max_uses: int | None = Field(
+        default=None, ge=1, le=MAX_USES, validation_alias=AliasChoices("max_uses", "maxUses")
+    )
+    match: Literal["exact"] | list[Annotated[str, Field(max_length=500)]] = "exact"
+    """`exact`: the arguments decided; or constraints every covered call meets."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> GrantBody:
+        try:
+            self.terms()
+        except ToolkitError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def terms(self) -> GrantTerms:
+        return GrantTerms(
+            scope=self.scope,
+            lasts=parse_duration(self.lasts),
+            max_uses=self.max_uses,
+            match="exact" if self.match == "exact" else tuple(self.match),
+        )
 
 
 class DecisionBody(BaseModel):
@@ -50,6 +82,9 @@ class DecisionBody(BaseModel):
     """The edited arguments (`edit` only), checked against the tool's schema."""
     reason: Keepable | None = Field(default=None, max_length=2000)
     """Why it is declined (`decline` only, required there)."""
+    grant: GrantBody | None = None
+    """With an approval: approve the same for calls to come, `{scope, for, max_uses,
+    match}` (`api._grants`)."""
 
     @model_validator(mode="after")
     def _fits(self) -> DecisionBody:
@@ -173,7 +208,10 @@ async def decide(
     client = client_of(request)
     try:
         await client.submit_answer(
-            body.answer(request_id), decider=decider_of(who, "api"), decision=True
+            body.answer(request_id),
+            decider=decider_of(who, "api"),
+            decision=True,
+            grant=None if body.grant is None else body.grant.terms(),
         )
     except NotAnApproval as exc:
         raise HTTPException(

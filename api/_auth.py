@@ -18,6 +18,7 @@ grants permissions:
 | `approver` | yes | yes, and decide approvals | |
 | `submitter` | yes | relay calls and questions of the runs it started; never an approval | yes |
 | `host` | | its tools' relay calls, leased (`api._relay`) | |
+| `admin` | yes | yes, and decide approvals; make and revoke any standing grant | |
 
 Which requests a role may answer is the store's to say, whatever the door
 (`relayq.authority`): a route only turns away a role that may answer nothing there.
@@ -47,6 +48,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 __all__ = [
     "ROLES",
     "URL_TOKENS",
+    "Admin",
     "Answerer",
     "Host",
     "Permission",
@@ -61,7 +63,7 @@ __all__ = [
     "unauthorized",
 ]
 
-ROLES = ("viewer", "approver", "submitter", "host")
+ROLES = ("viewer", "approver", "submitter", "host", "admin")
 
 URL_TOKENS = frozenset({"token", "access_token", "api_key", "api_token"})
 """Query parameters that would carry a token in the URL: refused."""
@@ -72,11 +74,13 @@ _FORMAT = "name:role:token or name:role:token:group|group (a host's: tool|tool, 
 class Permission(Enum):
     """What a route needs; the value is the roles that have it."""
 
-    READ = frozenset({"viewer", "approver", "submitter"})
-    ANSWER = frozenset({"approver", "submitter"})
+    READ = frozenset({"viewer", "approver", "submitter", "admin"})
+    ANSWER = frozenset({"approver", "submitter", "admin"})
     """Answering something: which requests, the store says (`relayq.authority`)."""
     SUBMIT = frozenset({"submitter"})
     LEASE = frozenset({"host"})
+    ADMINISTER = frozenset({"admin"})
+    """Making a standing grant directly (`store.grants` checks it again)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +232,7 @@ Reader = Annotated[Principal, Depends(require(Permission.READ))]
 Answerer = Annotated[Principal, Depends(require(Permission.ANSWER))]
 Submitter = Annotated[Principal, Depends(require(Permission.SUBMIT))]
 Host = Annotated[Principal, Depends(require(Permission.LEASE))]
+Admin = Annotated[Principal, Depends(require(Permission.ADMINISTER))]
 
 
 def forbidden_tools(who: Principal, tools: Iterable[str]) -> None:

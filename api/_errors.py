@@ -32,6 +32,7 @@ from relayq import (
     UnstorableInput,
 )
 from store import JobChanged, JobExists, StoreUnavailable, UnknownBatch, UnknownRun
+from store.grants import GrantRefused, UnknownGrant
 from store.leases import LeaseLost, LeaseRefused, UnknownLease
 from store.paging import BadQuery
 
@@ -53,6 +54,7 @@ _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
     (JobChanged, 409),
     (JobExists, 409),
     (UnknownLease, 404),
+    (UnknownGrant, 404),
     (LeaseLost, 409),
     (LeaseRefused, 403),
     (UnknownAgent, 404),
@@ -69,6 +71,7 @@ _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
     (ResumeError, 422),
     (UnstorableInput, 422),
     (BadQuery, 422),
+    (GrantRefused, 422),  # 403 where `.forbidden`: `status_of`
     (AgentError, 422),
     (StoreUnavailable, 503),
 )
@@ -76,6 +79,8 @@ _STATUS: tuple[tuple[type[RelayqError], int], ...] = (
 
 def status_of(exc: RelayqError) -> int:
     """The status an error answers with; 500 for one no client could have caused."""
+    if isinstance(exc, GrantRefused) and exc.forbidden:
+        return 403
     return next((status for kind, status in _STATUS if isinstance(exc, kind)), 500)
 
 

@@ -68,6 +68,8 @@ _FLASHES = {
     "declined": "Declined {}.",
     "answered": "Answered {}.",
     "voted": "Your vote on {} is recorded.",
+    "granted": "Approved {}, and the same for calls to come: see Grants.",
+    "revoked": "Revoked {}: the calls it covered ask a person again.",
     "bulk_approved": "Approved {}.",
     "bulk_declined": "Declined {}.",
     "logged_out": "Logged out.",

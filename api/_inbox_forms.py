@@ -36,7 +36,7 @@ from relayq.replies import Decided, Declined, answer_to
 from store import BadQuery, StoredRequest
 from store.answers import MAX_BULK, BulkChoice
 
-__all__ = ["PREVIEW_SHOWN", "router"]
+__all__ = ["PREVIEW_SHOWN", "refused_page", "router"]
 
 PREVIEW_SHOWN = 200
 """Requests a bulk preview lists one by one; it counts them all."""
@@ -44,7 +44,7 @@ PREVIEW_SHOWN = 200
 router = APIRouter(include_in_schema=False)
 
 
-async def _refused(
+async def refused_page(
     request: Request, who: Principal, request_id: str, exc: HTTPException
 ) -> Response:
     """The request's page again, saying why the post was refused (nothing changed)."""
@@ -66,7 +66,7 @@ async def _decide(
     try:
         stored = await answer_request(client, answer, decider=decider, decision=decision)
     except HTTPException as exc:
-        return await _refused(request, who, answer.id, exc)
+        return await refused_page(request, who, answer.id, exc)
     if stored.status == "open" and stored.quorum > 1:  # a vote towards a quorum
         return redirect_after(request, "voted", f"{answer.id} (quorum {stored.quorum})", to)
     return redirect_after(request, done, answer.id, to)
@@ -85,7 +85,7 @@ async def approve(
     try:
         stored = await stored_request(client_of(request), request_id)
     except HTTPException as exc:
-        return await _refused(request, who, request_id, exc)
+        return await refused_page(request, who, request_id, exc)
     return await _decide(request, who, approval(stored, output), "approved", next)
 
 
@@ -99,7 +99,7 @@ async def edit_arguments(
         stored = await stored_request(client_of(request), request_id)
         arguments = _arguments(stored, await request.form())
     except HTTPException as exc:
-        return await _refused(request, who, request_id, exc)
+        return await refused_page(request, who, request_id, exc)
     answer = answer_to(request_id, Decided("edit", arguments))
     return await _decide(request, who, answer, "edited", next, decision=True)
 
@@ -148,7 +148,7 @@ async def decline_request(
     an error result) and the model is told the reason."""
     if not reason.strip():
         refusal = HTTPException(422, "declining takes a reason; nothing was decided")
-        return await _refused(request, who, request_id, refusal)
+        return await refused_page(request, who, request_id, refusal)
     return await _decide(
         request, who, answer_to(request_id, Declined(reason.strip())), "declined", next
     )

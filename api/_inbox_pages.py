@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from api._auth import Permission, Principal
 from api._inbox import page_session, render
-from api._inbox_views import fields_of, item_of, message_of, when
+from api._inbox_views import SCOPE_NAMES, fields_of, item_of, message_of, when
 from api._state import client_of
 from relayq import ResumeError
 from relayq.approvals import is_approval
@@ -93,6 +93,7 @@ async def request_context(request: Request, who: Principal, request_id: str) -> 
     held = {call["id"]: call.get("held", "") for call in item["calls"]}
     return {
         "r": item,
+        "scope_names": SCOPE_NAMES,
         "fields": fields_of(found["arguments"], schema) if found["approval"] else [],
         "call_fields": [
             {"call": call, "fields": fields_of(call_input), "held": held.get(call["id"], "")}

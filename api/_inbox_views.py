@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relayq import transcript as tx
-from relayq.approvals import arguments_of, diff_arguments, is_approval, policy_of
+from relayq.approvals import arguments_of, diff_arguments, is_approval, is_tool_approval, policy_of
+from relayq.grants import SCOPES, wider
 from relayq.relay import relay_calls_of
 from store import CallHold, StoredRequest
 
@@ -92,6 +93,27 @@ def fields_of(arguments: dict[str, Any], schema: dict[str, Any] | None = None) -
 _SCALARS = ("string", "integer", "number", "boolean")
 
 
+SCOPE_NAMES: dict[str, str] = {
+    "run": "this run",
+    "conversation": "this conversation",
+    "principal": "runs of this agent its starter starts",
+    "agent": "every run of this agent",
+    "all": "every run of any agent with this tool",
+}
+
+
+def grant_scopes(stored: StoredRequest) -> list[str]:
+    """The scopes a grant made deciding `stored` may take (none: it takes no grant)."""
+    request = stored.request
+    if not is_tool_approval(request):
+        return []
+    policy = policy_of(request)
+    caps = policy.grants
+    if not caps.grantable or (policy.quorum > 1 and not caps.covers_quorum):
+        return []
+    return [s for s in SCOPES if not wider(s, caps.max_scope)]
+
+
 def item_of(stored: StoredRequest, now: datetime | None = None) -> dict[str, Any]:
     """A request as a list shows it, and the head of its page."""
     request = stored.request
@@ -135,6 +157,7 @@ def item_of(stored: StoredRequest, now: datetime | None = None) -> dict[str, Any
         "approvers": stored.approvers,
         "quorum": stored.quorum,
         "decisions": list(policy_of(request).decisions) if approval else ["approve", "decline"],
+        "grant_scopes": grant_scopes(stored),
         "revision": stored.revision,
         "answered_by": stored.answered_by or "",
         "answered_at": when(stored.answered_at),

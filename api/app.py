@@ -43,9 +43,11 @@ from api._approvals import router as approvals_router
 from api._auth import Tokens
 from api._batches import router as batches_router
 from api._errors import document_refusals, refused
+from api._grants import router as grants_router
 from api._health import router as health_router
 from api._inbox import router as inbox_router
 from api._inbox_forms import router as inbox_forms_router
+from api._inbox_grants import router as inbox_grants_router
 from api._inbox_lists import router as inbox_lists_router
 from api._inbox_pages import router as inbox_pages_router
 from api._limits import BodyLimit, body_limit, invalid_body, keepable_url
@@ -113,11 +115,13 @@ def create_app(
     app.include_router(relay_router)
     app.include_router(api_router)
     app.include_router(approvals_router)
+    app.include_router(grants_router)
     app.include_router(batches_router)
     app.include_router(inbox_router)
     app.include_router(inbox_lists_router)
     app.include_router(inbox_pages_router)
     app.include_router(inbox_forms_router)
+    app.include_router(inbox_grants_router)
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

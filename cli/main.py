@@ -16,7 +16,17 @@ from typing import Annotated
 
 import typer
 
-from cli import approvals, batch, batches, host, processes, purge, request_commands, runs
+from cli import (
+    approvals,
+    batch,
+    batches,
+    grants,
+    host,
+    processes,
+    purge,
+    request_commands,
+    runs,
+)
 
 __all__ = ["app", "main"]
 
@@ -90,6 +100,16 @@ app.command()(request_commands.pending)
 app.command()(request_commands.answer)
 app.command()(approvals.bulk)
 app.command()(approvals.audit)
+grants_app = typer.Typer(
+    no_args_is_help=False,
+    invoke_without_command=True,
+    rich_markup_mode=None,
+    help="Standing grants: list them (`relayq grants`), make one (`add`), revoke one.",
+)
+grants_app.callback(invoke_without_command=True)(grants.listing)
+grants_app.command()(grants.add)
+grants_app.command()(grants.revoke)
+app.add_typer(grants_app, name="grants")
 app.command()(purge.purge)
 
 

@@ -23,9 +23,11 @@ from cli._common import (
     run_with_client,
 )
 from cli.approvals import cli_decider, decision_answer
+from cli.grants import grant_terms
 from cli.render import print_requests
 from relayq import Answer, NotAnApproval
 from relayq.approvals import is_approval
+from relayq.grants import GrantTerms
 from relayq.relay import RelayResult
 from relayq.replies import Declined, Output, Results, answer_to
 from store import Page, RequestPage, RequestQuery, StoredRequest
@@ -181,17 +183,38 @@ def answer(
         list[str] | None,
         typer.Option("--group", help="An approver group you decide for. Repeat for more."),
     ] = None,
+    grant: Annotated[
+        str | None,
+        typer.Option(
+            "--grant",
+            metavar="SCOPE",
+            help="With --approve or --edit: approve the same for calls to come, in this "
+            "scope (run, conversation, principal, agent, all); takes --grant-for.",
+        ),
+    ] = None,
+    grant_for: Annotated[
+        str | None, typer.Option("--grant-for", help="How long the grant lasts: 8h, 30m, 7d.")
+    ] = None,
+    grant_uses: Annotated[
+        int | None, typer.Option("--grant-uses", min=1, help="Calls the grant approves at most.")
+    ] = None,
+    grant_match: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--grant-match",
+            help='A constraint the calls it approves meet, such as "amount <= 50" (repeat '
+            "for more); without one, calls with the very arguments approved.",
+        ),
+    ] = None,
 ) -> None:
     """Answer an open request (exactly one of --output, --results, --approve, --edit,
     --decline); the run goes on. The OS user is recorded with every answer."""
     edits = edit or []
-    chosen = (output is not None, results is not None, approve, bool(edits), decline is not None)
-    if sum(chosen) != 1:
-        fail(
-            "give exactly one of --output, --results, --approve, --edit, --decline "
-            f"(got {sum(chosen)})"
-        )
+    _one_way(output is not None, results is not None, approve, bool(edits), decline is not None)
     who = cli_decider(answered_by, group or [])
+    terms = grant_terms(grant, grant_for, grant_uses, grant_match)
+    if terms is not None and not (approve or edits):
+        fail("--grant goes with --approve or --edit")
 
     async def submit(client: DurableClient) -> tuple[str, str, str]:
         deciding = approve or bool(edits)
@@ -212,12 +235,12 @@ def answer(
             reply, verb = answer_to(request_id, Declined(decline or "declined")), "declined"
         try:
             run_id = await client.submit_answer(
-                reply, partial=partial, decider=who, decision=deciding
+                reply, partial=partial, decider=who, decision=deciding, grant=terms
             )
         except NotAnApproval as exc:
             fail(_answer_it(request_id, exc.kind))
         stored = await client.request(request_id)
-        return run_id, stored.status, verb
+        return run_id, stored.status, verb + await _granted(client, request_id, terms)
 
     run_id, status, verb = run_with_client(submit)
     out = console()
@@ -226,6 +249,22 @@ def answer(
         out.print(f"{verb} {request_id} {recorded}; it stays open for more answers or votes")
     else:
         out.print(f"{verb} {request_id} {recorded}; run {run_id} goes on (relayq show {run_id})")
+
+
+async def _granted(client: DurableClient, request_id: str, terms: GrantTerms | None) -> str:
+    """What the answer's line says of the grant it made, if it made one."""
+    if terms is None:
+        return ""
+    made = await client.store.grants_of_request([request_id])
+    return f" and granted {', '.join(g.id for g in made)} (relayq grants)"
+
+
+def _one_way(*chosen: bool) -> None:
+    if sum(chosen) != 1:
+        fail(
+            "give exactly one of --output, --results, --approve, --edit, --decline "
+            f"(got {sum(chosen)})"
+        )
 
 
 def _answer_it(request_id: str, kind: str) -> str:

@@ -38,6 +38,9 @@
     ├── JobChanged           a batch's rerun changes a job's prompt, or its agent (store.batches)
     ├── JobExists            a run names a job its batch already ran (store.errors)
     ├── UnknownLease         no lease of a relay call has that id (store.leases)
+    ├── UnknownGrant         no standing grant has that id (store.grants)
+    ├── GrantRefused         a grant that may not be made or revoked: `.forbidden` for who
+    │                        asked, else for what it asks (store.grants)
     ├── LeaseLost            a lease that no longer holds its call: `.reason` expired,
     │                        released, superseded, done or ended (store.leases)
     ├── LeaseRefused         another holder's lease, or one of a tool the caller may not
@@ -66,11 +69,12 @@
     └── EmbeddedBrokerError  the embedded Redis could not be started (workers.embedded)
 
 The API and the CLI choose a status code and a message from an error's type
-alone: UnknownRequest, UnknownRun, UnknownBatch, UnknownAgent and UnknownLease are 404;
-NotAnApprover and LeaseRefused 403; RequestClosed, CallAnswered, NotAnApproval, AlreadyVoted,
-BulkRefused, ConversationBusy, ConversationPurged, JobChanged, JobExists and LeaseLost 409;
-AnswerTooLarge and InputTooLarge 413; every other ResumeError, UnstorableInput and
-BadQuery 422; StoreUnavailable 503, with Retry-After.
+alone: UnknownRequest, UnknownRun, UnknownBatch, UnknownAgent, UnknownLease and
+UnknownGrant are 404; NotAnApprover, LeaseRefused and a forbidden GrantRefused 403;
+RequestClosed, CallAnswered, NotAnApproval, AlreadyVoted, BulkRefused, ConversationBusy,
+ConversationPurged, JobChanged, JobExists and LeaseLost 409;
+AnswerTooLarge and InputTooLarge 413; every other ResumeError, UnstorableInput,
+BadQuery and GrantRefused 422; StoreUnavailable 503, with Retry-After.
 
 Control flow that is not a failure (a tool asking for approval) is data, not an
 exception: see `relayq.pending`.

@@ -27,7 +27,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeAlias
 
@@ -36,6 +36,7 @@ from pydantic import BaseModel
 from relayq._errors import AnswerMismatch, ToolkitError
 from relayq._tools import Tool, ToolContext
 from relayq._types import Answer, Request, ToolResult
+from relayq.grants import MAX_GRANT_FOR, GrantCaps, GrantScope
 from relayq.matching import parse_constraints
 from relayq.policies import (
     Deny,
@@ -117,6 +118,8 @@ class Policy:
     """What a person may decide (every door offers only these, and refuses the others)."""
     deny: tuple[str, ...] = ()
     """The tool's deny rules (`relayq.matching` constraints): an edit meeting one is refused."""
+    grants: GrantCaps = field(default_factory=GrantCaps)
+    """What standing grants may do for the tool (`relayq.grants`)."""
 
     def __post_init__(self) -> None:
         if self.quorum < 1 or self.declines < 1:
@@ -148,6 +151,7 @@ class Policy:
             "escalation": [step.to_wire() for step in self.escalation],
             "decisions": list(self.decisions),
             "deny": list(self.deny),
+            **self.grants.to_wire(),
         }
 
 
@@ -178,6 +182,7 @@ def policy_of(request: Request) -> Policy:
         ),
         decisions=tuple(wire.get("decisions") or DECISIONS),
         deny=tuple(wire.get("deny") or ()),
+        grants=GrantCaps.from_wire(wire),
     )
 
 
@@ -331,6 +336,9 @@ def requires_approval(
     validate: Validate = None,
     when: Predicate | None = None,
     grantable: bool = True,
+    grant_covers_quorum: bool = False,
+    max_grant_scope: GrantScope = "all",
+    max_grant_for: timedelta = MAX_GRANT_FOR,
 ) -> Tool:
     """`tool`, run only once its call is approved, with the approved arguments.
 
@@ -339,9 +347,12 @@ def requires_approval(
     at once; `validate` (a pydantic model, or a function that raises) sends arguments
     that misfit back to the model; `when` (a predicate `(args, ctx)`) false runs it
     without asking; a standing grant may approve it (unless `grantable=False`); else a
-    person is asked. `prompt` is the line a person reads (a string, or a function of the
-    arguments); by default the tool's name and description. `decisions` is what a person
-    may decide (say `("approve", "decline")`: no edits); every door refuses the others.
+    person is asked. `grantable=False` keeps every grant off the tool; a grant stands for a
+    quorum only with `grant_covers_quorum`; `max_grant_scope` and `max_grant_for` cap
+    what a grant for it may cover and how long it may last. `prompt` is the line a person
+    reads (a string, or a function of the arguments); by default the tool's name and
+    description. `decisions` is what a person may decide (say `("approve", "decline")`:
+    no edits); every door refuses the others.
     An approver's edit is checked against the schema, the deny rules and a pydantic
     `validate` at every door, and against the predicates before the tool runs with it.
     """
@@ -349,7 +360,21 @@ def requires_approval(
         raise ToolkitError(f"relay tool {tool.name!r} is run by its host; it needs no approval")
     if remind_before is not None and expires_in is None:
         raise ToolkitError("remind_before needs expires_in: a reminder comes before a deadline")
-    rules = Rules.of(deny=deny, validate=validate, when=when, grantable=grantable)
+    caps = GrantCaps(
+        grantable=grantable,
+        covers_quorum=grant_covers_quorum,
+        max_scope=max_grant_scope,
+        max_for=max_grant_for,
+    )
+    rules = Rules.of(
+        deny=deny,
+        validate=validate,
+        when=when,
+        caps=caps,
+        quorum=quorum,
+        approvers=tuple(approvers or ()),
+        forbid_self_approval=forbid_self_approval,
+    )
     policy = Policy(
         approvers=tuple(approvers or ()),
         quorum=quorum,
@@ -361,6 +386,7 @@ def requires_approval(
         escalation=tuple(escalation),
         decisions=tuple(decisions),
         deny=tuple(str(rule) for rule in rules.deny_rules),
+        grants=caps,
     )
     validates = None
     if isinstance(validate, type) and issubclass(validate, BaseModel):

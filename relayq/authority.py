@@ -7,7 +7,7 @@ cannot grant what another refuses.
 
 | role | decides an approval or a budget | answers a relay call or a question |
 |---|---|---|
-| `approver` | yes, within the request's groups | yes |
+| `approver`, `admin` | yes, within the request's groups | yes |
 | `submitter` | never | of a run it started |
 | `host` | never | a relay call, leased (`store.leases` checks its tools) |
 | `viewer`, any other | never | never |
@@ -32,7 +32,7 @@ LOCAL_ROLES = frozenset({None, "cli", "system"})
 """Who answers from inside the deployment (Python, a shell with the store's address, the
 sweeper): trusted with every kind; the request's groups still apply."""
 
-_ANSWERS_ALL = LOCAL_ROLES | {"approver"}
+_ANSWERS_ALL = LOCAL_ROLES | {"approver", "admin"}
 
 
 def refusal(role: str | None, kind: str, *, starter: bool) -> str | None:

@@ -18,16 +18,18 @@ durable worker writes to the audit trail (`through: "policy"` or `"grant:<id>"`)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
 from relayq._errors import ToolkitError
+from relayq.grants import GrantCaps
 from relayq.matching import Constraint, parse_constraints
 
 if TYPE_CHECKING:
@@ -98,6 +100,13 @@ class GrantAsk:
     arguments_hash: str
     conversation_id: str | None
     started_by: str | None
+    caps: GrantCaps
+    """What the tool's policy lets a grant do: a grant past them approves nothing."""
+    quorum: int = 1
+    approvers: tuple[str, ...] = ()
+    """The tool's approver groups: a grant made for none of them does not cover the call."""
+    forbid_self_approval: bool = False
+    """A grant made by the run's own starter does not cover the call."""
 
 
 class Gatekeeper:
@@ -127,24 +136,38 @@ class Rules:
     deny: Predicate | None = None
     validate: Validate = None
     when: Predicate | None = None
-    grantable: bool = True
+    caps: GrantCaps = field(default_factory=GrantCaps)
+    quorum: int = 1
+    approvers: tuple[str, ...] = ()
+    forbid_self_approval: bool = False
 
     @classmethod
     def of(
-        cls, *, deny: Deny, validate: Validate, when: Predicate | None, grantable: bool
+        cls,
+        *,
+        deny: Deny,
+        validate: Validate,
+        when: Predicate | None,
+        caps: GrantCaps,
+        quorum: int,
+        approvers: tuple[str, ...],
+        forbid_self_approval: bool,
     ) -> Rules:
+        rules = cls(
+            validate=validate,
+            when=when,
+            caps=caps,
+            quorum=quorum,
+            approvers=approvers,
+            forbid_self_approval=forbid_self_approval,
+        )
         if deny is None or callable(deny):
-            return cls(deny=deny, validate=validate, when=when, grantable=grantable)
+            return dataclasses.replace(rules, deny=deny)
         if isinstance(deny, str | bytes) or not isinstance(deny, Sequence):
             raise ToolkitError(
                 "deny= takes a predicate or a list of constraints such as ['amount > 10000']"
             )
-        return cls(
-            deny_rules=parse_constraints(list(deny)),
-            validate=validate,
-            when=when,
-            grantable=grantable,
-        )
+        return dataclasses.replace(rules, deny_rules=parse_constraints(list(deny)))
 
 
 @dataclass(frozen=True)
@@ -197,7 +220,7 @@ async def screen(rules: Rules, tool: str, args: dict[str, Any], ctx: ToolContext
         if not needed:
             await note(ctx, tool, args, "approved", "policy", "when= was false: no person needed")
             return RunUnasked("policy")
-    if rules.grantable:
+    if rules.caps.grantable:
         grant = await ctx.gatekeeper.use_grant(
             GrantAsk(
                 run_id=ctx.run_id,
@@ -209,6 +232,10 @@ async def screen(rules: Rules, tool: str, args: dict[str, Any], ctx: ToolContext
                 arguments_hash=arguments_digest(args),
                 conversation_id=ctx.conversation_id,
                 started_by=ctx.started_by,
+                caps=rules.caps,
+                quorum=rules.quorum,
+                approvers=rules.approvers,
+                forbid_self_approval=rules.forbid_self_approval,
             )
         )
         if grant is not None:

@@ -29,6 +29,7 @@ from relayq import (
     UnknownRequest,
 )
 from relayq.approvals import APPROVAL_KIND, BUDGET_KIND, is_approval
+from relayq.grants import GrantTerms
 from relayq.limits import check_answer
 from relayq.loop import apply_answer
 from relayq.relay import (
@@ -44,6 +45,7 @@ from store.audit import SYSTEM, Decider, DecisionOutcome, record_decision
 from store.budgets import budget_answered
 from store.db import Database
 from store.events import emit_about
+from store.grants import GrantRefused, grant_with_decision
 from store.messages import conversation, write_messages
 from store.models import OutboxRow, RelayCallRow, RequestRow, RunRow, VoteRow, utcnow
 from store.outbox import enqueue_answer, enqueue_turn
@@ -91,6 +93,7 @@ def accept_answer(
     decider: Decider | None = None,
     decision: bool = False,
     max_bytes: int | None = None,
+    grant: GrantTerms | None = None,
 ) -> Accepted:
     """Validate `answer` and record it; ResumeError, with nothing changed, if it does not fit.
 
@@ -101,12 +104,16 @@ def accept_answer(
     `decider` is who answers, as the audit trail keeps it (by default `answered_by`,
     through Python). An approval's answer is that decider's vote (`store.votes`).
     With `decision` the answer was given as a decision (approve, edit, decline):
-    NotAnApproval for a request that is not an approval.
+    NotAnApproval for a request that is not an approval. With `grant`, the decider's
+    approval also makes a standing grant, in the same transaction (`store.grants`):
+    GrantRefused, with nothing changed, where it may not.
     """
     who = decider or Decider(name=answered_by or "anonymous")
     check_answer(answer, answered_by=who.name, max_bytes=max_bytes)
     with db.write() as s:
-        return _accept(s, answer, who, partial=partial, now=utcnow(), decision=decision)
+        return _accept(
+            s, answer, who, partial=partial, now=utcnow(), decision=decision, grant=grant
+        )
 
 
 MAX_BULK = 1000
@@ -242,6 +249,7 @@ def _accept(
     decision: bool,
     held: tuple[RequestRow | None, RunRow | None] | None = None,
     cast: list[VoteRow] | None = None,
+    grant: GrantTerms | None = None,
 ) -> Accepted:
     """Accept `answer`; `held`: its request and run where the caller locked them already,
     `cast`: the request's votes so far, where it read them (a bulk decision)."""
@@ -256,12 +264,19 @@ def _accept(
     check_may_answer(row, run, who)
     if is_approval(request):
         resolved = vote(s, row, run, request, answer, who, partial=partial, now=now, cast=cast)
+        if grant is not None:
+            grant_with_decision(s, row, run, request, answer, who, grant, now)
         row.revision += 1
         if resolved is None:
             return Accepted(run_id=row.run_id, complete=False, outbox=[])
         outbox = _resolve(s, row, resolved.answer, resolved.outcome, who, now)
         return Accepted(run_id=row.run_id, complete=True, outbox=outbox)
     previous = Answer.model_validate(row.answer) if row.answer else None
+    if grant is not None:
+        raise GrantRefused(
+            f"request {row.id} is a {row.kind} request: a grant is made approving a gated "
+            "tool's call"
+        )
     merged = _merge(request, previous, answer)
     complete = _complete(request, merged, partial=partial)
     outcome: DecisionOutcome = "answered" if answer.ok else "declined"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
+from sqlalchemy import bindparam
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -32,6 +33,7 @@ __all__ = [
     "decisions_of",
     "list_decisions",
     "note_policy",
+    "noted",
     "policy_row",
     "record_decision",
 ]
@@ -125,14 +127,18 @@ def note_policy(db: Database, note: PolicyNote) -> None:
     finds its row kept and adds none."""
     try:
         with db.write() as s:
-            if _noted(s, note.call_key) is None:
+            if noted(s, note.call_key) is None:
                 s.add(policy_row(note))
     except IntegrityError:
         pass  # another execution of the call noted it in between
 
 
-def _noted(s: Session, call_key: str) -> DecisionRow | None:
-    return s.exec(select(DecisionRow).where(DecisionRow.call_key == call_key)).first()
+_NOTED = select(DecisionRow).where(col(DecisionRow.call_key) == bindparam("key"))
+
+
+def noted(s: Session, call_key: str) -> DecisionRow | None:
+    """The trail's row a policy wrote for the call of `call_key`, if any."""
+    return s.exec(_NOTED, params={"key": call_key}).first()
 
 
 def decisions_of(db: Database, request_id: str | Sequence[str]) -> list[DecisionRow]:

@@ -445,3 +445,38 @@ class WorkerRow(SQLModel, table=True):
     pid: int
     started_at: datetime = _time(nullable=False)
     heartbeat_at: datetime = _time(index=True, nullable=False)
+
+
+class GrantRow(SQLModel, table=True):
+    """A standing grant: calls of a tool it covers are approved without asking a person
+    (`relayq.grants`, `store.grants`). Never deleted: revoked or expired, it stays, as
+    the audit trail's rows naming it do."""
+
+    __tablename__ = "relayq_grants"
+    __table_args__ = (Index("ix_relayq_grants_lookup", "tool", "scope", "scope_id"),)
+
+    id: str = Field(primary_key=True)
+    tool: str
+    agent: str | None = None
+    """None: every agent with the tool (scope `all`)."""
+    scope: str
+    """run | conversation | principal | agent | all"""
+    scope_id: str | None = None
+    """The run, conversation or principal covered; None for agent and all."""
+    match: dict[str, Any] = _json()
+    """`relayq.matching.Matcher` wire: `{"arguments": {...}}` or `{"where": [...]}`."""
+    max_uses: int | None = None
+    uses: int = 0
+    maker_groups: list[str] | None = _json()
+    """The approver groups its maker decided for; None: an administrator's, any group. A
+    call whose policy names groups, none of them these, is not covered by it."""
+    made_by: str = Field(index=True)
+    made_role: str | None = None
+    made_via: str
+    reason: str | None = None
+    from_request: str | None = Field(default=None, index=True)
+    """The request whose decision made it, if one did."""
+    created_at: datetime = _time(index=True, nullable=False)
+    expires_at: datetime = _time(nullable=False)
+    revoked_at: datetime | None = _time()
+    revoked_by: str | None = None

@@ -84,8 +84,10 @@ Exporter = Callable[[list[dict[str, Any]]], None]
 """Keeps the runs about to be removed, one object a run (`store.run_export`), or raises:
 then the purge stops, and removes none of them."""
 
-KEPT = ("relayq_decisions", "relayq_workers")
-"""Tables no purge of runs touches: the audit trail, and the workers' heartbeats."""
+KEPT = ("relayq_decisions", "relayq_workers", "relayq_grants")
+"""Tables no purge of runs touches: the audit trail, the workers' heartbeats, and the
+standing grants (a grant outlives the run it was made on, as the trail's rows naming
+it do)."""
 
 
 @dataclass

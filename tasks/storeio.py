@@ -34,6 +34,7 @@ from store import (
     batch_start,
     batches,
     budgets,
+    grants,
     leases,
     ledger,
     maintenance,
@@ -187,6 +188,12 @@ class StoreDoor:
     decisions_of = verb(audit.decisions_of)
     list_decisions = verb(audit.list_decisions, long=True)
     note_policy = verb(audit.note_policy)
+    use_grant = verb(grants.use_grant)
+    make_grant = verb(grants.make_grant)
+    get_grant = verb(grants.get_grant)
+    list_grants = verb(grants.list_grants, long=True)
+    revoke_grant = verb(grants.revoke_grant)
+    grants_of_request = verb(grants.grants_of_request)
 
     # Relay calls leased by hosts.
     lease_calls = verb(leases.lease_calls)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from relayq import Answer, AnswerMismatch, BulkRefused, Request
 from relayq.approvals import is_approval
+from relayq.grants import GrantTerms
 from relayq.replies import Decided, Declined, answer_to
 from store import OutboxRow
 from store.answers import Accepted
@@ -71,6 +72,7 @@ class Answering:
         partial: bool,
         decider: Decider | None,
         decision: bool,
+        grant: GrantTerms | None = None,
     ) -> str:
         """`DurableClient.submit_answer`: returns the run id."""
         reply = answer_of(answer)
@@ -82,6 +84,7 @@ class Answering:
             decider=decider,
             decision=decision,
             max_bytes=self.settings.max_answer_bytes,
+            grant=grant,
         )
         via = decider.via if decider is not None else "python"
         await self.decided([(reply, accepted)], since=since, via=via)

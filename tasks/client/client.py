@@ -28,6 +28,7 @@ from celery import Celery
 from relayq import Answer, Request, RunResult
 from relayq.agents import Agent, registered_agents
 from relayq.budgets import Budget
+from relayq.grants import GrantTerms
 from relayq.loop import WaitFor
 from store import (
     BatchCancel,
@@ -413,6 +414,7 @@ class DurableClient:
         partial: bool = False,
         decider: Decider | None = None,
         decision: bool = False,
+        grant: GrantTerms | None = None,
     ) -> str:
         """Validate and record an answer, then resume its run; returns the run id (in
         eager mode, once the run has settled again).
@@ -430,10 +432,17 @@ class DurableClient:
         `partial`, the results are kept and the request stays open until every
         call has one. With `decision`, the answer was given as a decision (approve,
         edit, decline): NotAnApproval, changing nothing, for a request that is not
-        an approval, whose calls take results instead.
+        an approval, whose calls take results instead. With `grant`, an approval also
+        makes a standing grant for calls to come (`relayq.grants.GrantTerms`), or
+        GrantRefused, changing nothing.
         """
         return await self._answers.submit(
-            answer, answered_by=answered_by, partial=partial, decider=decider, decision=decision
+            answer,
+            answered_by=answered_by,
+            partial=partial,
+            decider=decider,
+            decision=decision,
+            grant=grant,
         )
 
     async def submit_many(

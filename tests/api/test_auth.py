@@ -35,7 +35,7 @@ MALFORMED_TOKENS = [
     pytest.param("alice:approver:", "entry 1 is not", id="no token"),
     pytest.param(f":approver:{SECRET}", "entry 1 is not", id="no name"),
     pytest.param(
-        f"alice:admin:{SECRET}", "entry 1: its second field is not a role", id="unknown role"
+        f"alice:root:{SECRET}", "entry 1: its second field is not a role", id="unknown role"
     ),
     pytest.param(f"alice:{SECRET}:approver", "is not a role", id="token in the role's place"),
     pytest.param(f"{SECRET}:alice:approver", "is not a role", id="token in the name's place"),

@@ -473,6 +473,22 @@ desk = _desk("desk", 1)
 desk_pair = _desk("desk_pair", 2)
 
 
+# A desk whose policy spares people: over 900 is refused at once, up to 10 runs unasked.
+guarded = Agent(
+    "guarded",
+    desk_model,
+    tools=[
+        requires_approval(
+            define_tool("refund", "Refund an order", DESK_SCHEMA, desk_refund),
+            approvers=["finance"],
+            deny=["amount > 900"],
+            when=lambda args, ctx: args["amount"] > 10,
+            max_grant_scope="agent",
+        )
+    ],
+)
+
+
 # Relay tools a host serves over the API (`api._relay`, `relayq host`): the model asks
 # for `shell` with the prompt as its command (and `browser_click` too when the prompt
 # says "click"), then ends with what the host answered.

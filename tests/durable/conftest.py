@@ -382,13 +382,21 @@ VIEWER, APPROVER, OTHER_APPROVER, SUBMITTER = (
     "tok-sub-1",
 )
 HOST = "tok-host-1"
+ADMIN = "tok-admin-1"
 TOKENS = (
     f"vic:viewer:{VIEWER},alice:approver:{APPROVER},"
-    f"bob:approver:{OTHER_APPROVER},sam:submitter:{SUBMITTER},hal:host:{HOST}:*"
+    f"bob:approver:{OTHER_APPROVER},sam:submitter:{SUBMITTER},hal:host:{HOST}:*,"
+    f"ada:admin:{ADMIN}"
 )
 """The API's people most modules share: vic views, alice and bob approve, sam submits;
-and hal, a host of every relay tool."""
-TOKEN_OF_ROLE = {"viewer": VIEWER, "approver": APPROVER, "submitter": SUBMITTER, "host": HOST}
+hal, a host of every relay tool; and ada administers (standing grants)."""
+TOKEN_OF_ROLE = {
+    "viewer": VIEWER,
+    "approver": APPROVER,
+    "submitter": SUBMITTER,
+    "host": HOST,
+    "admin": ADMIN,
+}
 
 
 @dataclass

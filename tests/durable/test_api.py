@@ -120,18 +120,30 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("POST", "/bulk/preview", "answer", {"data": {"action": "approve-selected", "ids": "req_x"}}),
     ("POST", "/bulk", "answer", {"data": {"decision": "approve", "items": "req_x:0"}}),
     ("POST", "/logout", "read", None),
+    ("GET", "/api/grants", "read", None),
+    ("GET", "/api/grants/grt_x", "read", None),
+    (
+        "POST",
+        "/api/grants",
+        "administer",
+        {"json": {"tool": "refund", "agent": "desk", "scope": "agent", "for": "1h"}},
+    ),
+    ("POST", "/api/grants/grt_x/revoke", "answer", None),
+    ("POST", "/requests/req_x/grant", "answer", {"data": {"scope": "run", "for": "1h"}}),
+    ("POST", "/grants/grt_x/revoke", "answer", None),
     ("POST", "/api/relay/leases", "lease", {"json": {"tools": ["lookup"]}}),
     ("POST", f"/api/relay/leases/lease_{'0' * 32}/heartbeat", "lease", None),
     ("POST", f"/api/relay/leases/lease_{'0' * 32}/result", "lease", {"json": {"output": "x"}}),
     ("POST", f"/api/relay/leases/lease_{'0' * 32}/release", "lease", None),
 ]
 ROLES_WITH = {
-    "read": {"viewer", "approver", "submitter"},
+    "read": {"viewer", "approver", "submitter", "admin"},
     # a submitter answers its own runs' relay calls (the store's rule, whatever the
     # request: tests/durable/test_answer_doors.py)
-    "answer": {"approver", "submitter"},
+    "answer": {"approver", "submitter", "admin"},
     "submit": {"submitter"},
     "lease": {"host"},
+    "administer": {"admin"},
 }
 WRONG_ROLES = [
     pytest.param(method, path, role, body, id=f"{method} {path} as {role}")

@@ -2,12 +2,14 @@
 
 A call denied, or run because its `when=` was false, is one row of the audit trail
 (`store.audit.note_policy`), written as the tool decides it, before it runs: a call
-run again after its worker died finds the row and adds none.
+run again after its worker died finds the row and adds none. A call a standing grant
+approves counts the grant's use in the transaction that writes its row
+(`store.grants.use_grant`).
 """
 
 from __future__ import annotations
 
-from relayq.policies import Gatekeeper, PolicyNote
+from relayq.policies import Gatekeeper, GrantAsk, PolicyNote
 from tasks.runner.runtime import Runtime
 
 __all__ = ["StoreGatekeeper"]
@@ -21,3 +23,6 @@ class StoreGatekeeper(Gatekeeper):
 
     async def note(self, note: PolicyNote) -> None:
         await self.rt.store.note_policy(note)
+
+    async def use_grant(self, ask: GrantAsk) -> str | None:
+        return await self.rt.store.use_grant(ask)
