@@ -207,6 +207,17 @@ async def test_the_policy_spares_people_and_the_audit_says_so(
     )
     assert past.status_code == 422, past.text
     assert "refused by the tool's policy: amount > 900" in past.json()["detail"]
+    # and changes nothing: the request is open, with no vote or decision on it
+    async with api.http(VIC) as http:
+        still = (await http.get(f"/api/requests/{rid}")).json()
+        trail = (await http.get(f"/api/requests/{rid}/decisions")).json()
+    assert (still["status"], still["revision"], trail) == ("open", 0, [])
+    # an edit that breaks the schema is refused the same way
+    unfit = await _post(
+        api, ANNA, f"/api/requests/{rid}/decision",
+        {"decision": "edit", "arguments": {"order": middling, "amount": "lots"}},
+    )  # fmt: skip
+    assert unfit.status_code == 422, unfit.text
 
 
 async def test_the_inbox_grant_and_revoke_forms_go_through_the_same_rules(
