@@ -25,7 +25,7 @@ from api._inbox import Answering, page_session, redirect_after, render
 from api._inbox_forms import refused_page
 from api._state import client_of
 from relayq import RelayqError, ToolkitError
-from relayq.grants import SCOPES, GrantScope, GrantTerms, parse_duration
+from relayq.grants import GrantTerms
 from relayq.matching import Matcher
 from relayq.replies import Decided, answer_to
 from store.grants import ADMINS, GrantQuery, status_of
@@ -67,19 +67,13 @@ async def approve_and_grant(
 
 
 def _terms(scope: str, lasts: str, max_uses: str, match: str) -> GrantTerms:
-    if scope not in SCOPES:
-        raise ToolkitError(f"a grant's scope is one of {', '.join(SCOPES)}, not {scope!r}")
+    """The form's fields as a decision's `grant` (`GrantTerms.from_wire` checks them)."""
     uses = max_uses.strip()
     if uses and not uses.isdigit():
         raise ToolkitError(f"at most how many calls is a whole number, not {uses!r}")
-    constraints = tuple(line.strip() for line in match.splitlines() if line.strip())
-    chosen: GrantScope = scope  # type: ignore[assignment,unused-ignore]  # one of SCOPES
-    return GrantTerms(
-        scope=chosen,
-        lasts=parse_duration(lasts.strip()),
-        max_uses=int(uses) if uses else None,
-        match=constraints or "exact",
-    )
+    constraints = [line.strip() for line in match.splitlines() if line.strip()]
+    wire = {"scope": scope, "for": lasts.strip(), "max_uses": int(uses) if uses else None}
+    return GrantTerms.from_wire({**wire, "match": constraints or "exact"})
 
 
 @router.get("/grants", response_class=HTMLResponse)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from relayq import transcript as tx
 from relayq.approvals import arguments_of, diff_arguments, is_approval, is_tool_approval, policy_of
-from relayq.grants import SCOPES, wider
+from relayq.grants import SCOPES
 from relayq.relay import relay_calls_of
 from store import CallHold, StoredRequest
 
@@ -108,10 +108,12 @@ def grant_scopes(stored: StoredRequest) -> list[str]:
     if not is_tool_approval(request):
         return []
     policy = policy_of(request)
-    caps = policy.grants
-    if not caps.grantable or (policy.quorum > 1 and not caps.covers_quorum):
-        return []
-    return [s for s in SCOPES if not wider(s, caps.max_scope)]
+    # The one rule of what a grant may do (`GrantCaps.refusal`), asked of each scope.
+    return [s for s in SCOPES if policy.grants.refusal(s, _SHORTEST, policy.quorum) is None]
+
+
+_SHORTEST = timedelta(seconds=1)
+"""A lifetime every policy allows: the form asks for the lifetime itself."""
 
 
 def item_of(stored: StoredRequest, now: datetime | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ A grant is also made with a decision: `relayq answer REQ --approve --grant conve
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, cast
 
 import typer
 from rich.table import Table
@@ -21,9 +21,9 @@ from rich.table import Table
 from cli._common import console, fail, run_with_client
 from cli.approvals import cli_decider
 from relayq import ToolkitError
-from relayq.grants import SCOPES, GrantTerms, parse_duration
+from relayq.grants import SCOPES, GrantScope, GrantTerms, parse_duration
 from relayq.matching import Matcher, parse_constraints
-from store.grants import GrantQuery, GrantView, NewGrant, status_of
+from store.grants import GrantQuery, GrantRefused, GrantView, NewGrant, status_of
 from store.models import GrantRow
 from tasks.client.client import DurableClient
 
@@ -51,21 +51,11 @@ def grant_terms(
         return None
     if lasts is None:
         fail("--grant takes --grant-for: how long it lasts, say 8h")
+    wire = {"scope": scope, "for": lasts, "max_uses": uses, "match": match or "exact"}
     try:
-        return GrantTerms(
-            scope=_scope(scope),
-            lasts=parse_duration(lasts),
-            max_uses=uses,
-            match=tuple(match) if match else "exact",
-        )
+        return GrantTerms.from_wire(wire)
     except ToolkitError as exc:
         fail(str(exc))
-
-
-def _scope(scope: str) -> Any:
-    if scope not in SCOPES:
-        fail(f"--scope is one of {', '.join(SCOPES)}, not {scope!r}")
-    return scope
 
 
 def listing(
@@ -144,7 +134,7 @@ def add(
         grant = NewGrant(
             tool=tool,
             agent=agent,
-            scope=_scope(scope),
+            scope=cast(GrantScope, scope),  # NewGrant refuses one not in SCOPES
             scope_id=scope_id,
             matcher=matcher,
             lasts=parse_duration(lasts),
@@ -152,7 +142,7 @@ def add(
             maker=cli_decider(made_by, []),
             reason=reason,
         )
-    except ToolkitError as exc:
+    except (ToolkitError, GrantRefused) as exc:
         fail(str(exc))
 
     async def make(client: DurableClient) -> GrantRow:

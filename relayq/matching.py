@@ -124,16 +124,6 @@ class Matcher:
             return _same(dict(arguments), self.arguments)
         return all(c.holds(arguments) is True for c in self.where)
 
-    def covered_by(self, other: Matcher) -> bool:
-        """Whether every call this matches, `other` matches too, as far as can be told
-        without enumerating calls: exact arguments `other` matches, or `other`'s
-        constraints each among this one's (or every call, for no constraints)."""
-        if self.arguments is not None:
-            return other.matches(self.arguments)
-        if other.arguments is not None:
-            return False
-        return set(other.where) <= set(self.where)
-
     def to_wire(self) -> dict[str, Any]:
         if self.arguments is not None:
             return {"arguments": self.arguments}

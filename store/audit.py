@@ -10,6 +10,7 @@ runs to that).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -125,12 +126,10 @@ def policy_row(note: PolicyNote, *, now: datetime | None = None) -> DecisionRow:
 def note_policy(db: Database, note: PolicyNote) -> None:
     """Append what a policy decided on a call, once: a call run again (its worker died)
     finds its row kept and adds none."""
-    try:
-        with db.write() as s:
-            if noted(s, note.call_key) is None:
-                s.add(policy_row(note))
-    except IntegrityError:
-        pass  # another execution of the call noted it in between
+    # IntegrityError: another execution of the call noted it in between.
+    with contextlib.suppress(IntegrityError), db.write() as s:
+        if noted(s, note.call_key) is None:
+            s.add(policy_row(note))
 
 
 _NOTED = select(DecisionRow).where(col(DecisionRow.call_key) == bindparam("key"))

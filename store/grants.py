@@ -119,6 +119,8 @@ class NewGrant:
             raise GrantRefused(f"a grant of scope {self.scope!r} names its agent")
         if not self.tool:
             raise GrantRefused("a grant names its tool")
+        if self.scope not in SCOPES:
+            raise GrantRefused(f"a grant's scope is one of {', '.join(SCOPES)}, not {self.scope!r}")
         if self.max_uses is not None and not 1 <= self.max_uses <= MAX_USES:
             raise GrantRefused(f"max_uses is a whole number from 1 to {MAX_USES:,}")
 
@@ -253,11 +255,8 @@ def _grant_of(row: DecisionRow | None) -> str | None:
     return through.removeprefix("grant:") if through.startswith("grant:") else None
 
 
-def _usable(now: datetime) -> Any:
-    return _usable_at(now)
-
-
 def _usable_at(now: Any) -> Any:
+    """Not revoked, not expired at `now` (a moment, or a bound parameter), not used up."""
     return and_(
         col(GrantRow.revoked_at).is_(None),
         col(GrantRow.expires_at) > now,
@@ -340,7 +339,7 @@ def _matcher(wire: str) -> Matcher:
 def _count_use(s: Session, grant_id: str, now: datetime) -> bool:
     counted = s.exec(
         update(GrantRow)
-        .where(col(GrantRow.id) == grant_id, _usable(now))
+        .where(col(GrantRow.id) == grant_id, _usable_at(now))
         .values(uses=col(GrantRow.uses) + 1)
     )
     return bool(counted.rowcount)
@@ -461,7 +460,7 @@ def _of_status(listing: Any, status: GrantStatus | None, now: datetime) -> Any:
     spent = and_(col(GrantRow.max_uses).is_not(None), col(GrantRow.uses) >= col(GrantRow.max_uses))
     if status == "used":
         return listing.where(live, col(GrantRow.expires_at) > now, spent)
-    return listing.where(_usable(now))
+    return listing.where(_usable_at(now))
 
 
 def grants_of_request(db: Database, request_ids: Sequence[str]) -> list[GrantRow]:

@@ -254,3 +254,48 @@ async def test_the_inbox_grant_and_revoke_forms_go_through_the_same_rules(
         csrf = await log_in(browser, ROOT)
         revoked = await browser.post(f"/grants/{grant['id']}/revoke", data={"csrf_token": csrf})
         assert revoked.status_code == 303
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"status": "bogus"}, {"scope": "galaxy"}, {"cursor": "not-a-cursor"}, {"limit": 0}],
+)
+async def test_a_bad_grants_listing_is_a_422(api: ApiServer, params: dict[str, Any]):
+    async with api.http(VIC) as http:
+        res = await http.get("/api/grants", params=params)
+    assert res.status_code == 422, res.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"tool": "refund", "agent": "desk", "scope": "run", "for": "1h"},  # which run?
+        {"tool": "refund", "scope": "agent", "for": "1h"},  # which agent?
+        {"tool": "refund", "agent": "desk", "scope": "agent", "scopeId": "x", "for": "1h"},
+        {"tool": "refund", "agent": "desk", "scope": "agent", "for": "1h", "match": ["a ~ 1"]},
+        {"tool": "refund", "agent": "desk", "scope": "agent", "for": "1h", "match": {"x": 1}},
+        {"tool": "refund", "agent": "desk", "scope": "agent", "for": 10**30},
+        {"tool": "refund", "agent": "desk", "scope": "agent", "for": "1h", "maxUses": 10**12},
+    ],
+)
+async def test_a_bad_administrator_grant_is_a_422_and_makes_nothing(
+    api: ApiServer, body: dict[str, Any]
+):
+    mine: dict[str, str | int] = {
+        "madeBy": "root",
+        "limit": 500,
+    }  # other modules' grants come and go meanwhile
+    async with api.http(VIC) as http:
+        before = (await http.get("/api/grants", params=mine)).json()["items"]
+    res = await _post(api, ROOT, "/api/grants", body)
+    assert res.status_code == 422, res.text
+    async with api.http(VIC) as http:
+        assert (await http.get("/api/grants", params=mine)).json()["items"] == before
+
+
+async def test_another_grant_id_is_a_404_at_every_grant_route(api: ApiServer):
+    async with api.http(VIC) as http:
+        assert (await http.get("/api/grants/grt_nobody")).status_code == 404
+    for token in (ANNA, ROOT):
+        res = await _post(api, token, "/api/grants/grt_nobody/revoke", {})
+        assert res.status_code == 404, res.text

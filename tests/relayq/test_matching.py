@@ -78,14 +78,3 @@ def test_a_matcher_on_the_wire_and_back():
         assert Matcher.from_wire(m.to_wire()) == m
     with pytest.raises(ToolkitError):
         Matcher.from_wire({"where": ["a <"]})
-
-
-def test_what_a_matcher_covers():
-    narrow = Matcher(where=parse_constraints(["amount <= 50", 'currency == "EUR"']))
-    wide = Matcher(where=parse_constraints(["amount <= 50"]))
-    assert narrow.covered_by(wide)
-    assert not wide.covered_by(narrow)
-    assert Matcher(arguments={"amount": 10}).covered_by(wide)
-    assert not Matcher(arguments={"amount": 90}).covered_by(wide)
-    assert narrow.covered_by(Matcher())
-    assert not Matcher().covered_by(wide)

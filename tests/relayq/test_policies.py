@@ -224,7 +224,9 @@ async def test_an_edit_denied_by_a_predicate_does_not_run():
 
     tool = requires_approval(
         define_tool("refund", "Refund", SCHEMA, refund),
-        deny=lambda args, ctx: args["currency"] == "XXX" and "no such currency",
+        deny=lambda args, ctx: (
+            args["currency"] == "JPY" and "yen refunds go through the Tokyo desk"
+        ),
     )
     tk = await create_toolkit(builtins=BuiltinsConfig.off(), extra_tools=[tool])
     model = Script([InProcessResponse(tool_calls=[call("c1", "refund", SMALL)]), echo_tool_outputs])
@@ -232,13 +234,13 @@ async def test_an_edit_denied_by_a_predicate_does_not_run():
     halted = await client.run("refund", tk)
     assert halted.pending is not None
 
-    bad = edit(halted.pending.id, {**SMALL, "currency": "XXX"})
+    bad = edit(halted.pending.id, {**SMALL, "currency": "JPY"})
     done = await client.run_with_answer(tk, halted.messages, halted.pending, bad)
 
     assert ran == []
     assert done.tool_calls[0].output == (
         "refund did not run: the approver's edit of its arguments is refused by its policy "
-        "(no such currency)"
+        "(yen refunds go through the Tokyo desk)"
     )
 
 
